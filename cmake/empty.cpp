@@ -1,0 +1,1 @@
+// Placeholder translation unit for a library component that has no sources yet.

@@ -1,0 +1,324 @@
+// Every c10d call of ddp-cpp is in this file.
+//
+// Note [LibTorch versions]
+// In 1.13, ProcessGroupGloo and ProcessGroupNCCL derive from c10d::ProcessGroup; in 2.x
+// they derive from c10d::Backend and ProcessGroup became a dispatching wrapper. Both
+// keep the same constructor (store, rank, size, options) and the same collective
+// signatures on the concrete classes, and both have c10d::Work with wait() and
+// getFuture(). Holding the concrete class (C10dComm<PG>) therefore compiles against
+// either, with no #if on the version. Stores are the same in both.
+
+#include "core/comm.h"
+
+#include <ddp/errors.h>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#ifdef DDP_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+bool looks_like_timeout(const std::string& text) {
+  const std::string t = lower(text);
+  return t.find("timed out") != std::string::npos || t.find("timeout") != std::string::npos;
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::MAX:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::MIN:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::AVG:
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "AVG must be lowered to SUM before reaching c10d");
+}
+
+std::string where(const CommConfig& c) {
+  return "rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) + " (" +
+         c.backend + ", " + c.init_method + ")";
+}
+
+class C10dWork final : public PendingWork {
+ public:
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, const CommConfig& config, std::string what)
+      : work_(std::move(work)), config_(config), what_(std::move(what)) {}
+
+  void wait() override {
+    try {
+      work_->wait(config_.timeout);
+    } catch (const std::exception& e) {
+      rethrow_comm_error(e, config_, what_);
+    }
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> future() override { return work_->getFuture(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  const CommConfig& config_;
+  std::string what_;
+};
+
+// A finished collective, for the world-size-1 path.
+class DoneWork final : public PendingWork {
+ public:
+  explicit DoneWork(std::vector<at::Tensor> value) : value_(std::move(value)) {}
+  void wait() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    fut->markCompleted(c10::IValue(value_));
+    return fut;
+  }
+
+ private:
+  std::vector<at::Tensor> value_;
+};
+
+template <typename PG>
+class C10dComm final : public Comm {
+ public:
+  C10dComm(CommConfig config, c10::intrusive_ptr<c10d::Store> store,
+           c10::intrusive_ptr<PG> pg)
+      : Comm(std::move(config)), store_(std::move(store)), pg_(std::move(pg)) {}
+
+  ~C10dComm() override { shutdown(); }
+
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
+                                          ReduceOp op) override {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = config_.timeout;
+    return run("all_reduce", [&] { return pg()->allreduce(tensors, opts); });
+  }
+
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors,
+                                         int src) override {
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    opts.timeout = config_.timeout;
+    return run("broadcast", [&] { return pg()->broadcast(tensors, opts); });
+  }
+
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    c10d::AllgatherOptions opts;
+    opts.timeout = config_.timeout;
+    return run("all_gather", [&] { return pg()->allgather(outputs, inputs, opts); });
+  }
+
+  void barrier() override {
+    c10d::BarrierOptions opts;
+    opts.timeout = config_.timeout;
+    run("barrier", [&] { return pg()->barrier(opts); })->wait();
+  }
+
+  void shutdown() override {
+    // Dropping the last reference joins Gloo's worker threads and closes its sockets;
+    // the store goes after the group that uses it.
+    pg_.reset();
+    store_.reset();
+  }
+
+ private:
+  PG* pg() {
+    TORCH_CHECK(pg_, "process group of ", where(config_), " was already shut down");
+    return pg_.get();
+  }
+
+  template <typename F>
+  std::shared_ptr<PendingWork> run(const char* what, F&& launch) {
+    try {
+      return std::make_shared<C10dWork>(launch(), config_, what);
+    } catch (const std::exception& e) {
+      rethrow_comm_error(e, config_, what);
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<PG> pg_;
+};
+
+// World size 1: nothing to exchange, every collective is the identity.
+class LocalComm final : public Comm {
+ public:
+  explicit LocalComm(CommConfig config) : Comm(std::move(config)) {}
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
+                                          ReduceOp) override {
+    return std::make_shared<DoneWork>(tensors);
+  }
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int) override {
+    return std::make_shared<DoneWork>(tensors);
+  }
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    for (size_t i = 0; i < inputs.size(); ++i) outputs[i][0].copy_(inputs[i]);
+    return std::make_shared<DoneWork>(inputs);
+  }
+  void barrier() override {}
+  void shutdown() override {}
+};
+
+c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
+  switch (c.store) {
+    case CommConfig::StoreKind::kFile: {
+      auto store = c10::make_intrusive<c10d::FileStore>(c.store_path, c.world_size);
+      store->setTimeout(c.timeout);
+      return store;
+    }
+    case CommConfig::StoreKind::kTcp: {
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<std::uint16_t>(c.master_port);
+      opts.isServer = c.rank == 0;
+      opts.numWorkers = static_cast<std::size_t>(c.world_size);
+      opts.waitWorkers = false;  // the backend's own rendezvous waits for everyone
+      opts.timeout = c.timeout;
+      return c10::make_intrusive<c10d::TCPStore>(c.master_addr, opts);
+    }
+    case CommConfig::StoreKind::kNone:
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "no store configured for world size ", c.world_size);
+}
+
+std::string store_description(const CommConfig& c) {
+  if (c.store == CommConfig::StoreKind::kTcp) {
+    return "the TCPStore at " + c.master_addr + ":" + std::to_string(c.master_port);
+  }
+  return "the FileStore at " + c.store_path;
+}
+
+std::unique_ptr<Comm> make_gloo(const CommConfig& c,
+                                const c10::intrusive_ptr<c10d::Store>& store) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(c.timeout);
+  if (!c.gloo_interface.empty()) {
+    opts->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForInterface(c.gloo_interface));
+  } else if (!c.gloo_address.empty()) {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(c.gloo_address));
+  } else {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, c.rank, c.world_size, opts);
+  return std::make_unique<C10dComm<c10d::ProcessGroupGloo>>(c, store, std::move(pg));
+}
+
+#ifdef DDP_WITH_NCCL
+std::unique_ptr<Comm> make_nccl(const CommConfig& c,
+                                const c10::intrusive_ptr<c10d::Store>& store) {
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = c.timeout;
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, c.rank, c.world_size, opts);
+  return std::make_unique<C10dComm<c10d::ProcessGroupNCCL>>(c, store, std::move(pg));
+}
+#endif
+
+} // namespace
+
+bool nccl_compiled() {
+#ifdef DDP_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_available() {
+#ifdef DDP_WITH_CUDA
+  return c10::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+void rethrow_comm_error(const std::exception& e, const CommConfig& config,
+                        const std::string& what) {
+  const std::string text = e.what();
+  if (dynamic_cast<const TimeoutError*>(&e) || dynamic_cast<const ProcessGroupError*>(&e)) {
+    throw;  // already ours
+  }
+  if (looks_like_timeout(text)) {
+    throw TimeoutError(what + " on " + where(config) + " timed out after " +
+                       std::to_string(config.timeout.count()) +
+                       " ms: a peer did not answer. Check that every rank is alive and "
+                       "calls the same collectives in the same order, or raise the "
+                       "timeout. Cause: " + text);
+  }
+  throw ProcessGroupError(what + " on " + where(config) +
+                          " failed; the process group is broken (state unknown), destroy "
+                          "it and create a new one. Cause: " + text);
+}
+
+std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
+  if (c.world_size == 1) return std::make_unique<LocalComm>(c);
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = make_store(c);
+  } catch (const std::exception& e) {
+    const std::string text = e.what();
+    const std::string t = lower(text);
+    if (t.find("address already in use") != std::string::npos) {
+      throw ProcessGroupError(
+          "rank 0 could not listen on port " + std::to_string(c.master_port) + " of " +
+          c.master_addr + ": the port is already in use. Choose a free MASTER_PORT (or "
+          "let ddprun pick one with --master-port 0). Cause: " + text);
+    }
+    if (looks_like_timeout(text) || t.find("connect") != std::string::npos) {
+      throw TimeoutError("rank " + std::to_string(c.rank) + " could not reach the master at " +
+                         c.master_addr + ":" + std::to_string(c.master_port) + " within " +
+                         std::to_string(c.timeout.count()) +
+                         " ms: no answer. Check MASTER_ADDR and MASTER_PORT, that rank 0 "
+                         "is running, and that the port is reachable. Cause: " + text);
+    }
+    throw ProcessGroupError("rank " + std::to_string(c.rank) + " could not open " +
+                            store_description(c) + ". Cause: " + text);
+  }
+
+  try {
+    if (c.backend == "gloo") return make_gloo(c, store);
+#ifdef DDP_WITH_NCCL
+    if (c.backend == "nccl") return make_nccl(c, store);
+#endif
+  } catch (const std::exception& e) {
+    if (looks_like_timeout(e.what())) {
+      throw TimeoutError("rank " + std::to_string(c.rank) + " of " +
+                         std::to_string(c.world_size) + " waited " +
+                         std::to_string(c.timeout.count()) + " ms at " +
+                         store_description(c) +
+                         " for the other ranks to join, and not all of them did. Start "
+                         "all " + std::to_string(c.world_size) +
+                         " ranks with the same rendezvous settings, or raise the timeout. "
+                         "Cause: " + e.what());
+    }
+    rethrow_comm_error(e, c, "creating the " + c.backend + " process group");
+  }
+  TORCH_INTERNAL_ASSERT(false, "backend '", c.backend, "' reached Comm::create unchecked");
+}
+
+} // namespace detail
+} // namespace ddp

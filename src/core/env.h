@@ -1,0 +1,23 @@
+#pragma once
+
+#include <ddp/process_group.h>
+
+#include <c10/util/Optional.h>
+
+#include <string>
+
+namespace ddp {
+namespace detail {
+
+/// The variable's value; nullopt when unset or empty.
+c10::optional<std::string> env_string(const char* name);
+/// The variable as a non-negative int; nullopt when unset. Throws, naming the variable,
+/// when it is negative or not a number.
+c10::optional<int> env_int(const char* name);
+
+/// Turns options and environment into a complete rendezvous plan (rendezvous.cpp).
+struct CommConfig;
+CommConfig resolve_rendezvous(const InitOptions& options);
+
+} // namespace detail
+} // namespace ddp

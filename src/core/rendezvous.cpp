@@ -1,0 +1,252 @@
+// Where the ranks meet, and which address Gloo binds to.
+//
+// Note [One host opens no port]
+// c10d's TCPStore listens on every interface whatever MASTER_ADDR says. When all ranks
+// share one host, a FileStore does the same job with no socket at all. It lives in a
+// private directory (mode 0700, owned by us), so other users can neither read the
+// rendezvous nor inject into it:
+//   - under ddprun, DDP_RENDEZVOUS_DIR is a fresh mkdtemp directory per attempt;
+//   - otherwise ${TMPDIR:-/tmp}/ddp-<uid>/<addr>-<port>/, where rank 0 creates a
+//     fresh store file and publishes its name in `current` (write, then rename). Other
+//     ranks take the name only once its writer's pid is alive, so a file left by a
+//     crashed earlier run on the same port is never joined.
+// Gloo's own pair connections then bind to 127.0.0.1. Multi-host runs use TCPStore
+// (see the README's security note) and bind Gloo to the interface that reaches
+// MASTER_ADDR (or GLOO_SOCKET_IFNAME).
+
+#include "core/comm.h"
+#include "core/env.h"
+
+#include <ddp/errors.h>
+
+#include <c10/util/Exception.h>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// Creates dir (mode 0700) if needed and checks that only we can use it.
+void ensure_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    TORCH_CHECK(false, "could not create the rendezvous directory ", dir, ": ",
+                std::strerror(errno), ". Set TMPDIR to a writable directory.");
+  }
+  struct stat st {};
+  TORCH_CHECK(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous path ", dir,
+              " is not a directory. Remove it, or set TMPDIR elsewhere.");
+  TORCH_CHECK(st.st_uid == ::getuid() && (st.st_mode & 077) == 0,
+              "rendezvous directory ", dir, " must be private (owned by uid ", ::getuid(),
+              ", mode 0700), but it is owned by uid ", st.st_uid, " with mode ",
+              (st.st_mode & 0777), ". Another user may be able to join this group; remove "
+              "the directory or set TMPDIR elsewhere.");
+}
+
+bool pid_alive(long pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+std::string shared_store_path(const std::string& dir, int rank,
+                              std::chrono::milliseconds timeout) {
+  const std::string pointer = dir + "/current";
+  if (rank == 0) {
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    const std::string name = dir + "/store." + std::to_string(::getpid()) + "." +
+                             std::to_string(now);
+    const std::string tmp = pointer + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << ::getpid() << ' ' << name << '\n';
+      TORCH_CHECK(out.good(), "could not write ", tmp, ": ", std::strerror(errno));
+    }
+    TORCH_CHECK(::rename(tmp.c_str(), pointer.c_str()) == 0, "could not publish ", pointer,
+                ": ", std::strerror(errno));
+    return name;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(pointer);
+    long pid = 0;
+    std::string name;
+    if (in >> pid >> name && pid_alive(pid)) return name;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw TimeoutError("rank " + std::to_string(rank) + " waited " +
+                     std::to_string(timeout.count()) + " ms for rank 0 to publish " +
+                     pointer + ", and it did not. Start rank 0 with the same MASTER_ADDR "
+                     "and MASTER_PORT, or raise the timeout.");
+}
+
+// The interface whose network contains `addr` (an IPv4 literal), or whose address it is.
+std::string interface_for(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  const uint32_t target = ntohl(reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr.s_addr);
+  ::freeaddrinfo(res);
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_netmask == nullptr ||
+        i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_UP) == 0) {
+      continue;
+    }
+    const uint32_t a = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
+    const uint32_t m = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr.s_addr);
+    if ((a & m) == (target & m)) {
+      found = i->ifa_name;
+      break;
+    }
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+std::string tmp_root() {
+  auto tmp = env_string("TMPDIR");
+  return tmp ? *tmp : "/tmp";
+}
+
+void parse_host_port(const std::string& spec, const std::string& what, std::string& host,
+                     int& port) {
+  const auto colon = spec.rfind(':');
+  TORCH_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(), what,
+              " must look like host:port, but got '", spec, "'.");
+  host = spec.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string p = spec.substr(colon + 1);
+  char* end = nullptr;
+  const long v = std::strtol(p.c_str(), &end, 10);
+  TORCH_CHECK(*end == '\0' && v > 0 && v < 65536, "the port in ", what,
+              " must be a number in 1..65535, but got '", p, "'.");
+  port = static_cast<int>(v);
+}
+
+} // namespace
+
+CommConfig resolve_rendezvous(const InitOptions& o) {
+  CommConfig c;
+  c.timeout = o.timeout();
+  c.init_method = o.init_method();
+  TORCH_CHECK(o.timeout().count() > 0, "timeout must be > 0 ms, but got ", o.timeout().count());
+
+  // Backend.
+  c.backend = o.backend();
+  if (c.backend.empty()) c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
+  TORCH_CHECK(c.backend == "gloo" || c.backend == "nccl", "backend must be \"gloo\" or "
+              "\"nccl\", but got \"", c.backend, "\".");
+  TORCH_CHECK(c.backend != "nccl" || nccl_compiled(),
+              "backend \"nccl\" is not available: this ddp-cpp was built against a "
+              "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
+              "against a CUDA LibTorch 2.x, e.g. -DCMAKE_PREFIX_PATH=$(python3 -c 'import "
+              "torch; print(torch.utils.cmake_prefix_path)') (see docs/gpu.md).");
+
+  // Who we are: options win over the environment.
+  RankInfo env = rank_info_from_env();
+  const bool from_env = env.source != "none";
+  c.rank = o.rank() >= 0 ? o.rank() : env.rank;
+  c.world_size = o.world_size() >= 0 ? o.world_size() : env.world_size;
+  TORCH_CHECK(o.rank() >= -1 && o.world_size() >= -1, "rank and world_size must be >= 0 "
+              "(or -1 to read the environment), but got rank=", o.rank(), ", world_size=",
+              o.world_size(), ".");
+  TORCH_CHECK(from_env || (o.rank() >= 0 && o.world_size() >= 0),
+              "init_method ", c.init_method, " needs this process's rank and the world "
+              "size, but neither InitOptions nor the environment (RANK/WORLD_SIZE, "
+              "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) gives "
+              "them. Launch with ddprun, or set InitOptions().rank(r).world_size(n).");
+  TORCH_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
+  TORCH_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ",
+              c.world_size, ": ranks are numbered 0..", c.world_size - 1, ".");
+  c.local_world_size = env.local_world_size > 0 ? env.local_world_size : -1;
+  c.local_rank = o.local_rank() >= 0 ? o.local_rank() : env.local_rank;
+
+  const std::string& m = c.init_method;
+  if (m.rfind("file://", 0) == 0) {
+    c.store = CommConfig::StoreKind::kFile;
+    c.store_path = m.substr(7);
+    TORCH_CHECK(!c.store_path.empty() && c.store_path[0] == '/', "init_method file:// needs "
+                "an absolute path (file:///dir/store), but got '", m, "'.");
+    c.gloo_address = "127.0.0.1";
+  } else if (m.rfind("tcp://", 0) == 0) {
+    c.store = CommConfig::StoreKind::kTcp;
+    parse_host_port(m.substr(6), "init_method " + m, c.master_addr, c.master_port);
+  } else if (m == "env://") {
+    auto dir = env_string("DDP_RENDEZVOUS_DIR");
+    auto addr = env_string("MASTER_ADDR");
+    auto port = env_int("MASTER_PORT");
+    const bool one_host = dir || (c.local_world_size > 0 && c.local_world_size == c.world_size) ||
+                          (addr && is_loopback(*addr));
+    if (c.world_size == 1) {
+      c.store = CommConfig::StoreKind::kNone;
+    } else if (dir) {
+      ensure_private_dir(*dir);
+      c.store = CommConfig::StoreKind::kFile;
+      c.store_path = *dir + "/store";
+      c.gloo_address = "127.0.0.1";
+    } else if (one_host) {
+      TORCH_CHECK(port, "env:// needs MASTER_PORT to tell this run's ranks apart, but it is "
+                  "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
+                  "rank), or launch with ddprun.");
+      const std::string root = tmp_root() + "/ddp-" + std::to_string(::getuid());
+      const std::string sub =
+          root + "/" + (addr ? *addr : std::string("127.0.0.1")) + "-" + std::to_string(*port);
+      ensure_private_dir(root);
+      ensure_private_dir(sub);
+      c.store = CommConfig::StoreKind::kFile;
+      c.store_path = shared_store_path(sub, c.rank, c.timeout);
+      c.gloo_address = "127.0.0.1";
+    } else {
+      TORCH_CHECK(addr, "MASTER_ADDR is not set, but this is a multi-host run (",
+                  c.world_size, " ranks, LOCAL_WORLD_SIZE ",
+                  c.local_world_size > 0 ? std::to_string(c.local_world_size) : "unset",
+                  "). Set MASTER_ADDR to the address of rank 0's host on every rank (ddprun "
+                  "--master-addr does this); for a single-host run set LOCAL_WORLD_SIZE = "
+                  "WORLD_SIZE or MASTER_ADDR=127.0.0.1.");
+      TORCH_CHECK(port, "MASTER_PORT is not set. Set it to a free port on rank 0's host, "
+                  "the same on every rank (ddprun --master-port does this).");
+      c.store = CommConfig::StoreKind::kTcp;
+      c.master_addr = *addr;
+      c.master_port = *port;
+    }
+  } else {
+    TORCH_CHECK(false, "init_method must start with env://, tcp:// or file://, but got '", m,
+                "'.");
+  }
+
+  if (c.store == CommConfig::StoreKind::kTcp) {
+    if (auto iface = env_string("GLOO_SOCKET_IFNAME")) {
+      c.gloo_interface = *iface;
+    } else if (is_loopback(c.master_addr)) {
+      c.gloo_address = "127.0.0.1";
+    } else {
+      c.gloo_interface = interface_for(c.master_addr);
+    }
+  }
+  if (c.local_world_size < 0) c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;
+  if (c.local_rank < 0) c.local_rank = c.local_world_size == c.world_size ? c.rank : 0;
+  return c;
+}
+
+} // namespace detail
+} // namespace ddp

@@ -1,0 +1,262 @@
+#include "support/harness.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace ddp_test {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ddp-test-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
+  }
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  if (!path_.empty()) run_command("rm -rf '" + path_ + "'");
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("could not find a free port");
+  }
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
+                           std::chrono::milliseconds timeout) {
+  return ddp::InitOptions()
+      .backend("gloo")
+      .init_method("file://" + dir.file("store"))
+      .rank(rank)
+      .world_size(world)
+      .timeout(timeout);
+}
+
+void run_threads(int world, const std::function<void(int)>& fn) {
+  std::mutex mu;
+  std::vector<std::string> errors(world);
+  std::vector<std::exception_ptr> eptrs(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        eptrs[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    if (!eptrs[r]) continue;
+    try {
+      std::rethrow_exception(eptrs[r]);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + e.what());
+    }
+  }
+}
+
+void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup&)>& fn,
+                       std::chrono::milliseconds timeout) {
+  TempDir dir;
+  run_threads(world, [&](int rank) {
+    auto pg = ddp::ProcessGroup::create(file_init(dir, rank, world, timeout));
+    fn(*pg);
+  });
+}
+
+namespace {
+
+std::string substitute(std::string value, int rank) {
+  const std::string key = "{rank}";
+  for (auto pos = value.find(key); pos != std::string::npos; pos = value.find(key)) {
+    value.replace(pos, key.size(), std::to_string(rank));
+  }
+  return value;
+}
+
+} // namespace
+
+std::vector<ProcessResult> run_processes(int world, const std::string& name,
+                                         const ProcessOptions& options) {
+  TempDir rdzv;
+  struct Child {
+    pid_t pid = -1;
+    int fd = -1;
+    ProcessResult result;
+    bool done = false;
+  };
+  std::vector<Child> children(world);
+  for (int r = 0; r < world; ++r) {
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv(*e);
+      const auto eq = kv.find('=');
+      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    env["DDP_TEST_SCENARIO"] = name;
+    if (options.launcher_env) {
+      env["RANK"] = std::to_string(r);
+      env["LOCAL_RANK"] = std::to_string(r);
+      env["WORLD_SIZE"] = std::to_string(world);
+      env["LOCAL_WORLD_SIZE"] = std::to_string(world);
+      env["DDP_RENDEZVOUS_DIR"] = rdzv.path();
+      env["OMP_NUM_THREADS"] = "1";
+    }
+    for (const auto& kv : options.env) env[kv.first] = substitute(kv.second, r);
+    std::vector<std::string> env_strings;
+    for (const auto& kv : env) env_strings.push_back(kv.first + "=" + kv.second);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> arg_strings{"/proc/self/exe"};
+    for (const auto& a : options.args) arg_strings.push_back(a);
+    std::vector<char*> argv;
+    for (auto& s : arg_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+    exe[n] = '\0';
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(pipefd[1], 1);
+      ::dup2(pipefd[1], 2);
+      ::setpgid(0, 0);
+      ::execve(exe, argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(pipefd[1]);
+    children[r].pid = pid;
+    children[r].fd = pipefd[0];
+    children[r].result.rank = r;
+  }
+
+  // Drain every child's output until all pipes close or the deadline passes.
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  bool killed = false;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<int> idx;
+    for (int r = 0; r < world; ++r) {
+      if (children[r].fd >= 0) {
+        fds.push_back({children[r].fd, POLLIN, 0});
+        idx.push_back(r);
+      }
+    }
+    if (fds.empty()) break;
+    if (std::chrono::steady_clock::now() > deadline && !killed) {
+      for (auto& c : children) ::kill(-c.pid, SIGKILL);
+      killed = true;
+    }
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        children[idx[i]].result.output.append(buf, static_cast<size_t>(n));
+      } else {
+        ::close(fds[i].fd);
+        children[idx[i]].fd = -1;
+      }
+    }
+  }
+  std::vector<ProcessResult> results;
+  for (auto& c : children) {
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    ::kill(-c.pid, SIGKILL);  // anything the child left in its group
+    c.result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (killed) c.result.output += "\n[harness: killed after the timeout]\n";
+    results.push_back(c.result);
+  }
+  return results;
+}
+
+void expect_all_ok(const std::vector<ProcessResult>& results) {
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << " output:\n" << r.output;
+  }
+}
+
+int run_command(const std::string& command, std::string* output) {
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) {
+    if (output) output->append(buf, n);
+  }
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+namespace {
+std::map<std::string, Scenario>& registry() {
+  static std::map<std::string, Scenario> r;
+  return r;
+}
+} // namespace
+
+bool register_scenario(const std::string& name, Scenario fn) {
+  registry()[name] = std::move(fn);
+  return true;
+}
+
+bool maybe_run_scenario(int* exit_code) {
+  const char* name = std::getenv("DDP_TEST_SCENARIO");
+  if (name == nullptr || *name == '\0') return false;
+  auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::fprintf(stderr, "unknown scenario '%s'\n", name);
+    *exit_code = 2;
+    return true;
+  }
+  try {
+    *exit_code = it->second();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "scenario %s failed: %s\n", name, e.what());
+    *exit_code = 1;
+  }
+  return true;
+}
+
+} // namespace ddp_test

@@ -1,0 +1,92 @@
+#pragma once
+
+// Helpers for tests that run several ranks.
+//
+//   run_threads(n, fn)        n threads, each its own ProcessGroup over a FileStore in a
+//                             fresh private directory: fast, one process.
+//   run_processes(n, "name")  n real processes: this test binary re-executes itself with
+//                             DDP_TEST_SCENARIO=name and torchrun's variables set, and
+//                             the scenario registered under that name runs as main().
+//
+// Both collect every rank's failure and report the first, with its rank.
+
+#include <ddp/process_group.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddp_test {
+
+/// A fresh directory (mode 0700), removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+/// A TCP port that was free a moment ago (bound to port 0 on loopback, then released).
+int free_port();
+
+/// InitOptions for rank `rank` of `world` over a FileStore under `dir`.
+ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+/// Runs fn(rank) on `world` threads; rethrows the first failure, prefixed by its rank.
+void run_threads(int world, const std::function<void(int rank)>& fn);
+
+/// Like run_threads, but each thread gets its own ProcessGroup (FileStore rendezvous).
+void run_thread_groups(int world,
+                       const std::function<void(ddp::ProcessGroup& pg)>& fn,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+struct ProcessResult {
+  int rank = 0;
+  int exit_code = 0;    // 128 + signal when killed
+  std::string output;   // stdout and stderr together
+};
+
+struct ProcessOptions {
+  /// Extra environment for every rank; "{rank}" in a value is replaced by the rank.
+  std::map<std::string, std::string> env;
+  /// Extra arguments after the binary.
+  std::vector<std::string> args;
+  /// Killed (SIGKILL) after this long; the result says 137.
+  std::chrono::milliseconds timeout = std::chrono::seconds(90);
+  /// Set torchrun's variables (RANK, WORLD_SIZE, ...) and DDP_RENDEZVOUS_DIR.
+  bool launcher_env = true;
+};
+
+/// Runs scenario `name` in `world` processes and waits for all of them.
+std::vector<ProcessResult> run_processes(int world, const std::string& name,
+                                         const ProcessOptions& options = ProcessOptions());
+
+/// Fails the current test (with each rank's output) unless every rank exited 0.
+void expect_all_ok(const std::vector<ProcessResult>& results);
+
+/// Runs a command with /bin/sh; returns its exit code and fills output.
+int run_command(const std::string& command, std::string* output = nullptr);
+
+using Scenario = std::function<int()>;
+/// Registers a scenario; use the DDP_SCENARIO macro.
+bool register_scenario(const std::string& name, Scenario fn);
+/// Runs the scenario named by DDP_TEST_SCENARIO, if set (called from main).
+bool maybe_run_scenario(int* exit_code);
+
+} // namespace ddp_test
+
+/// A function that a run_processes child executes as its main(); return its exit code.
+#define DDP_SCENARIO(name)                                                      \
+  static int ddp_scenario_##name();                                             \
+  static const bool ddp_scenario_registered_##name =                           \
+      ::ddp_test::register_scenario(#name, &ddp_scenario_##name);               \
+  static int ddp_scenario_##name()

@@ -3,7 +3,8 @@
 # print(torch.utils.cmake_prefix_path)')).
 #
 # Header-only CLI11 and nlohmann-json, and the GoogleTest sources, are taken from the
-# system where present, else from third_party/ (for machines without a package registry).
+# system where present, else from third_party/ (filled by scripts/vendor-deps, for
+# machines without a package registry).
 
 find_package(Torch REQUIRED)
 message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
@@ -34,18 +35,18 @@ endif()
 message(STATUS "ddp: CUDA ${DDP_WITH_CUDA}, NCCL ${DDP_WITH_NCCL}")
 
 find_package(CLI11 CONFIG QUIET)
-if(NOT CLI11_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/third_party/CLI11/CLI11.hpp)
+if(NOT CLI11_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/third_party/include/CLI/CLI.hpp)
   add_library(CLI11::CLI11 INTERFACE IMPORTED)
   set_target_properties(CLI11::CLI11 PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES ${PROJECT_SOURCE_DIR}/third_party/CLI11)
+    INTERFACE_INCLUDE_DIRECTORIES ${PROJECT_SOURCE_DIR}/third_party/include)
   set(CLI11_FOUND ON)
 endif()
 
 find_package(nlohmann_json CONFIG QUIET)
-if(NOT nlohmann_json_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/third_party/nlohmann/json.hpp)
+if(NOT nlohmann_json_FOUND AND EXISTS ${PROJECT_SOURCE_DIR}/third_party/include/nlohmann/json.hpp)
   add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
   set_target_properties(nlohmann_json::nlohmann_json PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES ${PROJECT_SOURCE_DIR}/third_party)
+    INTERFACE_INCLUDE_DIRECTORIES ${PROJECT_SOURCE_DIR}/third_party/include)
   set(nlohmann_json_FOUND ON)
 endif()
 

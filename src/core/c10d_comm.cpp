@@ -69,7 +69,15 @@ class C10dWork final : public PendingWork {
 
   void wait() override {
     try {
-      work_->wait(config_.timeout);
+      // Note [NCCL waits on the stream]: with an explicit timeout, WorkNCCL::wait blocks
+      // the host until the kernel finishes. Without one it only makes the current CUDA
+      // stream wait on NCCL's (an event), which is what DDP wants; NCCL's watchdog
+      // enforces the group's timeout instead. Gloo's wait is a host wait either way.
+      if (config_.backend == "nccl") {
+        work_->wait();
+      } else {
+        work_->wait(config_.timeout);
+      }
     } catch (const std::exception& e) {
       rethrow_comm_error(e, config_, what_);
     }
@@ -230,6 +238,12 @@ std::unique_ptr<Comm> make_gloo(const CommConfig& c,
 #ifdef DDP_WITH_NCCL
 std::unique_ptr<Comm> make_nccl(const CommConfig& c,
                                 const c10::intrusive_ptr<c10d::Store>& store) {
+  // Lesson step 4: one process, one GPU, chosen by local rank.
+  const int devices = c10::cuda::device_count();
+  TORCH_CHECK(c.local_rank < devices, "backend \"nccl\": rank ", c.rank, " has local rank ",
+              c.local_rank, " but only ", devices, " CUDA device(s) are visible. Start at most ",
+              devices, " processes per host (ddprun --nproc-per-node gpu), or use \"gloo\".");
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(c.local_rank));
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = c.timeout;
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, c.rank, c.world_size, opts);

@@ -178,8 +178,8 @@ void check_same(const char* field, const T& saved, const T& mine,
 
 } // namespace
 
-void DistributedSampler::load_state(const DistributedSamplerState& state) {
-  State& s = *state_;
+void DistributedSampler::check_state(const DistributedSamplerState& state) const {
+  const State& s = *state_;
   TORCH_CHECK(state.position >= 0, "DistributedSampler::load_state: position must be >= 0, "
               "but got ", state.position);
   if (state.position > 0) {
@@ -195,6 +195,11 @@ void DistributedSampler::load_state(const DistributedSamplerState& state) {
                 " is past the end of the epoch (", s.num_samples,
                 " samples per rank); the state is corrupt.");
   }
+}
+
+void DistributedSampler::load_state(const DistributedSamplerState& state) {
+  check_state(state);
+  State& s = *state_;
   if (state.epoch != s.epoch) {
     s.epoch = state.epoch;
     s.rebuild();

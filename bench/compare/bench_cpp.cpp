@@ -1,0 +1,222 @@
+// ddp-cpp side of the DDP comparison: one trial of one model, with or without
+// ddp::DistributedDataParallel. bench_py.py is the same program with PyTorch's DDP;
+// run.py launches both with ddprun and compares them.
+//
+// Each rank writes <out>/rank<r>.json: per-iteration times of the measured iterations and,
+// under DDP, ddp-cpp's IterationStats of each of them (read after the timed region).
+//
+//   ddprun --nproc-per-node 2 -- bench_compare --model small --ddp 1 --out DIR
+
+#include "models.h"
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/process_group.h>
+#include <ddp/trace.h>
+
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/version.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string model;
+  bool ddp = true;
+  int warmup = 10;
+  int iters = 50;
+  double bucket_cap_mb = 25;
+  double lr = 0.01;
+  bool set_to_none = true;
+  int check_steps = 0;
+  std::string trace;
+  std::string out;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "bench_compare: " << problem << "\n"
+            << "usage: bench_compare --model small|cnn|wide --out DIR [--ddp 1] [--warmup 10]\n"
+               "       [--iters 50] [--bucket-cap-mb 25] [--lr 0.01] [--set-to-none 1]\n"
+               "       [--check-steps K] [--trace PATH]\n";
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage("missing value after " + flag);
+    const std::string v = argv[++i];
+    if (flag == "--model") a.model = v;
+    else if (flag == "--ddp") a.ddp = std::stoi(v) != 0;
+    else if (flag == "--warmup") a.warmup = std::stoi(v);
+    else if (flag == "--iters") a.iters = std::stoi(v);
+    else if (flag == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
+    else if (flag == "--lr") a.lr = std::stod(v);
+    else if (flag == "--set-to-none") a.set_to_none = std::stoi(v) != 0;
+    else if (flag == "--check-steps") a.check_steps = std::stoi(v);
+    else if (flag == "--trace") a.trace = v;
+    else if (flag == "--out") a.out = v;
+    else usage("unknown flag " + flag);
+  }
+  if (a.model.empty() || a.out.empty()) usage("--model and --out are required");
+  if (a.iters < 1) usage("--iters must be >= 1");
+  return a;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::ostringstream s;
+  s.precision(9);
+  s << "[";
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+  return s.str() + "]";
+}
+
+std::string json_list(const std::vector<int64_t>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+  return s.str() + "]";
+}
+
+std::string stats_json(const ddp::IterationStats& s) {
+  std::ostringstream o;
+  o.precision(9);
+  o << "{\"iteration\":" << s.iteration << ",\"num_buckets\":" << s.num_buckets
+    << ",\"launched_before_end\":" << s.buckets_launched_before_end
+    << ",\"done_before_end\":" << s.buckets_done_before_end
+    << ",\"backward_ms\":" << s.backward_ms << ",\"wait_ms\":" << s.wait_ms
+    << ",\"allreduce_total_ms\":" << s.allreduce_total_ms
+    << ",\"bucket_bytes\":" << json_list(s.bucket_bytes)
+    << ",\"bucket_ms\":" << json_list(s.bucket_allreduce_ms) << "}";
+  return o.str();
+}
+
+void dump_parameters(torch::nn::Module& model, const std::string& path) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model.parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto all = at::cat(flat).contiguous();
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(all.data_ptr()), all.numel() * sizeof(float));
+  TORCH_CHECK(f.good(), "cannot write ", path);
+}
+
+int64_t num_parameters(torch::nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+int run(const Args& args) {
+  at::set_num_threads(1);
+  const int rank = env_int("RANK", 0);
+  const int world = env_int("WORLD_SIZE", 1);
+  std::unique_ptr<ddp::ProcessGroupGuard> group;
+  if (args.ddp) {
+    group = std::make_unique<ddp::ProcessGroupGuard>(ddp::InitOptions().backend("gloo"));
+  } else {
+    TORCH_CHECK(world == 1, "--ddp 0 runs one process, but WORLD_SIZE is ", world);
+  }
+
+  auto model = bench::build(args.model);
+  using DDP = ddp::DistributedDataParallel<torch::nn::Sequential>;
+  DDP dmodel(nullptr);
+  if (args.ddp) {
+    auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb);
+    if (!args.trace.empty()) options.trace_path(args.trace);
+    dmodel = DDP(model, options);
+  }
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(args.lr));
+  auto data = bench::batches(args.model, rank);
+  auto params = model->parameters();
+  const bool tracing = args.ddp && !args.trace.empty();
+
+  auto step = [&](int i) {
+    const auto& batch = data[i % data.size()];
+    // optimizer.zero_grad(set_to_none) spelled out: its default differs between
+    // LibTorch 1.13 (zero) and 2.x (none); Python passes the same value explicitly.
+    for (auto& p : params) {
+      if (args.set_to_none) {
+        p.mutable_grad() = at::Tensor();
+      } else if (p.grad().defined()) {
+        p.mutable_grad().detach_();
+        p.mutable_grad().zero_();
+      }
+    }
+    auto output = args.ddp ? dmodel->forward(batch.first) : model->forward(batch.first);
+    auto loss = torch::nn::functional::cross_entropy(output, batch.second);
+    loss.backward();
+    if (tracing) {
+      ddp::trace::Scope scope(dmodel, "optimizer.step");
+      optimizer.step();
+    } else {
+      optimizer.step();
+    }
+  };
+
+  if (args.check_steps > 0) {
+    for (int i = 0; i < args.check_steps; ++i) step(i);
+    dump_parameters(*model, args.out + "/rank" + std::to_string(rank) + ".bin");
+    return 0;
+  }
+
+  for (int i = 0; i < args.warmup; ++i) step(i);
+  if (args.ddp) ddp::barrier();
+  std::vector<double> times;
+  std::vector<std::string> stats;
+  times.reserve(args.iters);
+  for (int i = 0; i < args.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    step(args.warmup + i);
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (args.ddp) stats.push_back(stats_json(dmodel->last_iteration_stats()));
+  }
+
+  std::ostringstream o;
+  o << "{\"side\":\"cpp\",\"model\":\"" << args.model << "\",\"ddp\":" << (args.ddp ? 1 : 0)
+    << ",\"rank\":" << rank << ",\"world_size\":" << world
+    << ",\"batch\":" << bench::spec(args.model).batch
+    << ",\"num_parameters\":" << num_parameters(*model) << ",\"iter_s\":" << json_list(times)
+    << ",\"torch\":\"" << TORCH_VERSION << "\",\"stats\":";
+  if (args.ddp) {
+    o << "{\"iterations\":[";
+    for (size_t i = 0; i < stats.size(); ++i) o << (i ? "," : "") << stats[i];
+    o << "]}";
+  } else {
+    o << "null";
+  }
+  o << "}\n";
+  const std::string path = args.out + "/rank" + std::to_string(rank) + ".json";
+  std::ofstream f(path);
+  f << o.str();
+  TORCH_CHECK(f.good(), "cannot write ", path);
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_compare (rank " << env_int("RANK", 0) << "): " << e.what() << "\n";
+    return 1;
+  }
+}

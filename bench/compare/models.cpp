@@ -1,0 +1,87 @@
+#include "models.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
+#include <cmath>
+
+namespace bench {
+
+namespace nn = torch::nn;
+
+ModelSpec spec(const std::string& name) {
+  if (name == "small") return {32, {512}};
+  if (name == "cnn") return {8, {3, 32, 32}};
+  if (name == "wide") return {8, {1024}};
+  TORCH_CHECK(false, "unknown model '", name, "': expected small, cnn or wide");
+}
+
+namespace {
+
+nn::Conv2d conv3x3(int64_t in, int64_t out) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1));
+}
+
+// Note [Closed-form weights]: parameter p (registration order) with n elements is
+// sin(0.37 * arange(n) + p) * scale, scale = 1/sqrt(fan_in) for weights and 0.01 for
+// biases, computed in float64 and rounded to float32: the same bits as models.py.
+void init_deterministic(nn::Module& model) {
+  at::NoGradGuard no_grad;
+  int64_t p = 0;
+  for (auto& param : model.parameters()) {
+    const int64_t n = param.numel();
+    const double scale =
+        param.dim() > 1 ? 1.0 / std::sqrt(static_cast<double>(n) / param.size(0)) : 0.01;
+    auto w = at::arange(n, at::kDouble).mul_(0.37).add_(static_cast<double>(p)).sin_().mul_(scale);
+    param.copy_(w.to(at::kFloat).view_as(param));
+    ++p;
+  }
+}
+
+} // namespace
+
+nn::Sequential build(const std::string& name) {
+  nn::Sequential model;
+  if (name == "small") {
+    model = nn::Sequential(nn::Linear(512, 1024), nn::ReLU(),
+                           nn::Linear(1024, 512), nn::ReLU(),
+                           nn::Linear(512, kNumClasses));
+  } else if (name == "cnn") {
+    model = nn::Sequential(conv3x3(3, 32), nn::ReLU(),
+                           conv3x3(32, 64), nn::ReLU(), nn::MaxPool2d(2),
+                           conv3x3(64, 128), nn::ReLU(), nn::MaxPool2d(2),
+                           nn::Flatten(),
+                           nn::Linear(128 * 8 * 8, kNumClasses));
+  } else if (name == "wide") {
+    model = nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(),
+                           nn::Linear(4096, 4096), nn::ReLU(),
+                           nn::Linear(4096, 1024), nn::ReLU(),
+                           nn::Linear(1024, kNumClasses));
+  } else {
+    spec(name);  // throws
+  }
+  init_deterministic(*model);
+  return model;
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> batches(const std::string& name, int rank) {
+  const ModelSpec s = spec(name);
+  int64_t numel = s.batch;
+  for (int64_t d : s.input) numel *= d;
+  std::vector<int64_t> shape{s.batch};
+  shape.insert(shape.end(), s.input.begin(), s.input.end());
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (int k = 0; k < kNumBatches; ++k) {
+    const int64_t i = static_cast<int64_t>(rank) * kNumBatches + k;
+    auto x = at::arange(numel, at::kDouble).mul_(0.013).add_(1.7 * static_cast<double>(i)).sin_();
+    auto y = (at::arange(s.batch, at::kLong) * 7 + 3 * i).remainder(kNumClasses);
+    out.emplace_back(x.to(at::kFloat).view(shape), y);
+  }
+  return out;
+}
+
+} // namespace bench

@@ -1,0 +1,33 @@
+#pragma once
+
+// The benchmark's three models, their deterministic initialisation and synthetic data:
+// the C++ twin of models.py, which documents the formulas. The two must stay in step;
+// run.py checks that they do by training both and comparing every parameter.
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+constexpr int64_t kNumClasses = 10;
+constexpr int kNumBatches = 4;  // distinct batches per rank, generated before timing
+
+struct ModelSpec {
+  int64_t batch;                // per rank
+  std::vector<int64_t> input;   // one sample's shape
+};
+
+/// small, cnn or wide; throws on any other name.
+ModelSpec spec(const std::string& name);
+
+/// The model with its closed-form initial weights.
+torch::nn::Sequential build(const std::string& name);
+
+/// kNumBatches (input, label) pairs for `rank`.
+std::vector<std::pair<at::Tensor, at::Tensor>> batches(const std::string& name, int rank);
+
+} // namespace bench

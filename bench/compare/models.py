@@ -1,0 +1,87 @@
+"""The benchmark's three models, their deterministic initialisation and their synthetic data.
+
+models.h holds the same definitions for C++. Both sides must stay in step: the harness
+checks it (run.py trains both for a few steps and compares every parameter).
+
+  small  MLP 512-1024-512-10, 1.05 M parameters: per-iteration overhead dominates.
+  cnn    3 conv layers on 3x32x32 images, 0.18 M parameters: compute dominates.
+  wide   MLP 1024-4096-4096-1024-10, 25.2 M parameters (101 MB of gradients):
+         communication dominates.
+
+Weights come from a closed form, not from a random generator, so that C++ and Python
+start from bit-identical values without sharing a file:
+  param p (in registration order), numel n:  sin(0.37 * arange(n) + p) * scale
+  scale = 1/sqrt(fan_in) for weights (fan_in = numel / shape[0]), 0.01 for biases,
+computed in float64 and rounded to float32. Data likewise: batch k of rank r is
+  x = sin(0.013 * arange(B * D) + 1.7 * (r * K + k)),  y = (7 * arange(B) + 3 * (r * K + k)) % 10
+for K pre-generated batches that the loop cycles through.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+NUM_CLASSES = 10
+NUM_BATCHES = 4  # K: distinct batches per rank, generated before timing
+
+# name -> (per-rank batch, input shape without the batch dimension)
+SPECS = {
+    "small": (32, (512,)),
+    "cnn": (8, (3, 32, 32)),
+    "wide": (8, (1024,)),
+}
+
+
+def build(name):
+    if name == "small":
+        model = nn.Sequential(
+            nn.Linear(512, 1024), nn.ReLU(),
+            nn.Linear(1024, 512), nn.ReLU(),
+            nn.Linear(512, NUM_CLASSES))
+    elif name == "cnn":
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(128 * 8 * 8, NUM_CLASSES))
+    elif name == "wide":
+        model = nn.Sequential(
+            nn.Linear(1024, 4096), nn.ReLU(),
+            nn.Linear(4096, 4096), nn.ReLU(),
+            nn.Linear(4096, 1024), nn.ReLU(),
+            nn.Linear(1024, NUM_CLASSES))
+    else:
+        raise ValueError(f"unknown model {name!r}: expected small, cnn or wide")
+    init_deterministic(model)
+    return model
+
+
+@torch.no_grad()
+def init_deterministic(model):
+    for p, param in enumerate(model.parameters()):
+        n = param.numel()
+        if param.dim() > 1:
+            scale = 1.0 / math.sqrt(n / param.shape[0])
+        else:
+            scale = 0.01
+        w = torch.arange(n, dtype=torch.float64).mul_(0.37).add_(p).sin_().mul_(scale)
+        param.copy_(w.to(torch.float32).view_as(param))
+
+
+def batches(name, rank):
+    batch, shape = SPECS[name]
+    numel = batch * math.prod(shape)
+    out = []
+    for k in range(NUM_BATCHES):
+        s = rank * NUM_BATCHES + k
+        x = torch.arange(numel, dtype=torch.float64).mul_(0.013).add_(1.7 * s).sin_()
+        x = x.to(torch.float32).view(batch, *shape)
+        y = (torch.arange(batch, dtype=torch.int64) * 7 + 3 * s) % NUM_CLASSES
+        out.append((x, y))
+    return out
+
+
+def num_parameters(model):
+    return sum(p.numel() for p in model.parameters())

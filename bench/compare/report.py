@@ -1,0 +1,396 @@
+"""Turns run.py's measurements into the markdown report (bench/results/compare.md)."""
+
+import json
+import statistics
+
+
+def med(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values):
+    """(median, min, max)."""
+    return med(values), min(values), max(values)
+
+
+def f_ms(values):
+    m, lo, hi = spread([v * 1e3 for v in values])
+    return "%s (%s–%s)" % (_num(m), _num(lo), _num(hi))
+
+
+def _num(v):
+    if v != v:
+        return "n/a"
+    if abs(v) >= 100:
+        return "%.0f" % v
+    if abs(v) >= 10:
+        return "%.1f" % v
+    return "%.2f" % v
+
+
+def f_ratio(values, pct=False):
+    if not values:
+        return "n/a"
+    m, lo, hi = spread(values)
+    if pct:
+        return "%+.1f%% (%+.1f … %+.1f)" % (100 * m, 100 * lo, 100 * hi)
+    return "%.3f (%.3f–%.3f)" % (m, lo, hi)
+
+
+def f_share(values):
+    if not values:
+        return "n/a"
+    m, lo, hi = spread(values)
+    return "%.0f%% (%.0f–%.0f)" % (100 * m, 100 * lo, 100 * hi)
+
+
+def times(trials):
+    return [t["t"] for t in trials]
+
+
+def paired(a, b, fn):
+    return [fn(x["t"], y["t"]) for x, y in zip(a, b)]
+
+
+# ---- DDP statistics ----------------------------------------------------------------------
+
+def cpp_iterations(trials):
+    """Every measured iteration's IterationStats, of every rank and trial."""
+    out = []
+    for t in trials:
+        for r in t["ranks"]:
+            if r.get("stats"):
+                out.extend(r["stats"]["iterations"])
+    return out
+
+
+def bucket_sizes(trials, side):
+    last = trials[-1]["ranks"][0].get("stats") or {}
+    if side == "cpp":
+        its = last.get("iterations") or []
+        return list(its[-1]["bucket_bytes"]) if its else []
+    return list(last.get("bucket_bytes") or [])
+
+
+def busbw(nbytes, seconds, world=2):
+    return nbytes / seconds / 1e9 * 2.0 * (world - 1) / world if seconds > 0 else float("nan")
+
+
+def cpp_bucket_busbw(trials):
+    """Per measured iteration: all bucket bytes over the summed launch->reduced times.
+    Each bucket's time is the smallest over ranks: a rank that launches its bucket early
+    also waits for its peer to launch, which is skew, not transfer. The rank that
+    launched last sees the all-reduce itself (as bench_allreduce does after a barrier)."""
+    vals = []
+    for t in trials:
+        per_rank = [{i["iteration"]: i for i in r["stats"]["iterations"]}
+                    for r in t["ranks"] if r.get("stats")]
+        if not per_rank:
+            continue
+        for it in sorted(set.intersection(*[set(d) for d in per_rank])):
+            rows = [d[it] for d in per_rank]
+            if len({len(r["bucket_ms"]) for r in rows}) != 1:
+                continue
+            ms = [min(r["bucket_ms"][b] for r in rows) for b in range(len(rows[0]["bucket_ms"]))]
+            if sum(ms) > 0:
+                vals.append(busbw(sum(rows[0]["bucket_bytes"]), sum(ms) / 1e3))
+    return vals
+
+
+def raw_busbw(sizes, raw):
+    """busbw of a raw all-reduce of each size, one after another, as one figure."""
+    secs = 0.0
+    for s in sizes:
+        t = raw.get(str(int(s) // 4 * 4))
+        if t is None:
+            return float("nan")
+        secs += t
+    return busbw(sum(sizes), secs)
+
+
+def py_samples(trials):
+    out = []
+    for t in trials:
+        for r in t["ranks"]:
+            if r.get("stats"):
+                out.extend(r["stats"]["samples"])
+    return out
+
+
+def py_hidden_shares(trials):
+    return [min(1.0, max(0.0, s["overlap_ms"] / s["backward_comm_ms"]))
+            for s in py_samples(trials) if s["backward_comm_ms"] > 0]
+
+
+def py_span_busbw(trials):
+    """busbw over PyTorch's whole communication window, smallest window over ranks."""
+    sizes = bucket_sizes(trials, "py")
+    vals = []
+    for t in trials:
+        per_rank = [r["stats"]["samples"] for r in t["ranks"] if r.get("stats")]
+        for samples in zip(*per_rank):
+            window = min(s["backward_comm_ms"] for s in samples)
+            if window > 0 and sizes:
+                vals.append(busbw(sum(sizes), window / 1e3))
+    return vals
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+def markdown(data):
+    meta = data["meta"]
+    m = meta["machine"]
+    st = meta["settings"]
+    L = []
+    add = L.append
+    add("# ddp-cpp vs PyTorch DDP%s" % (" (quick smoke run: not for quoting)" if st["quick"] else ""))
+    add("")
+    add("| | |")
+    add("|---|---|")
+    add("| date | %s |" % meta["date"])
+    add("| machine | %s, %s cores, %.0f GiB, %s, Linux %s |"
+        % (m["cpu"], m["cores"], m["memory_gb"] or 0, m["os"], m["kernel"]))
+    add("| load average (1/5/15 min) | before %s, after %s |"
+        % (_load(meta["load_before"]), _load(meta.get("load_after"))))
+    add("| PyTorch (Python) | %s |" % meta["python_torch"])
+    add("| LibTorch (C++) | %s |" % _cpp_torch(data))
+    add("| compiler | %s |" % " ".join(meta["compiler"]))
+    add("| ddp-cpp | %s |" % (meta["git"] or "unknown"))
+    add("| launcher | %s |" % meta["launcher"])
+    add("| settings | %d trials per configuration, interleaved; %d warm-up + %d measured "
+        "iterations per trial; bucket_cap_mb %g; gloo; 1 thread per rank; SGD lr 0.01; "
+        "zero_grad(set_to_none=True); %s |"
+        % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"],
+           "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" if not st["no_hugetlb"] else
+           "default glibc malloc"))
+    add("| run time | %.0f s |" % meta["elapsed_s"])
+    add("")
+    add("Iteration time = forward + loss + backward + optimizer step, averaged over the "
+        "measured iterations of a trial on the slowest rank. Cells show the median over "
+        "trials and, in brackets, the smallest and largest trial. Ratios are taken per "
+        "trial pair (run back to back) and then summarised the same way.")
+    add("")
+
+    models = [k for k in ("small", "cnn", "wide") if k in data["trials"]]
+    tr = data["trials"]
+
+    add("## 1. Iteration time at world size 2 (the headline)")
+    add("")
+    add("| model | parameters | batch per rank | ddp-cpp (ms) | PyTorch DDP (ms) | "
+        "ddp-cpp / PyTorch | verdict |")
+    add("|---|---:|---:|---:|---:|---:|---|")
+    verdicts = {}
+    for k in models:
+        a, b = tr[k]["cpp-ddp-2"], tr[k]["py-ddp-2"]
+        r = paired(a, b, lambda x, y: x / y)
+        rm, lo, hi = spread(r)
+        if hi < 1:
+            v = "ddp-cpp faster"
+        elif lo > 1:
+            v = "**PyTorch faster**"
+        else:
+            v = "no clear winner (trials disagree)"
+        verdicts[k] = rm
+        r0 = a[0]["ranks"][0]
+        add("| %s | %s | %d | %s | %s | %s | %s |"
+            % (k, "{:,}".format(r0["num_parameters"]), r0["batch"], f_ms(times(a)),
+               f_ms(times(b)), f_ratio(r), v))
+    add("")
+
+    add("## 2. DDP overhead at world size 1 (DDP against the same loop without DDP)")
+    add("")
+    add("| model | ddp-cpp plain (ms) | ddp-cpp DDP (ms) | ddp-cpp overhead | "
+        "PyTorch plain (ms) | PyTorch DDP (ms) | PyTorch overhead |")
+    add("|---|---:|---:|---:|---:|---:|---:|")
+    overheads = {}
+    for k in models:
+        cells = [k]
+        for side in ("cpp", "py"):
+            plain, d1 = tr[k]["%s-plain-1" % side], tr[k]["%s-ddp-1" % side]
+            o = paired(d1, plain, lambda x, y: x / y - 1)
+            overheads[(k, side)] = med(o)
+            cells += [f_ms(times(plain)), f_ms(times(d1)), f_ratio(o, pct=True)]
+        add("| " + " | ".join(cells) + " |")
+    add("")
+
+    add("## 3. Scaling efficiency at world size 2")
+    add("")
+    add("Per-rank throughput with DDP at world size 2 against one process without DDP at "
+        "the same per-rank batch (1.0 = perfect scaling).")
+    add("")
+    add("| model | ddp-cpp 1 process (samples/s) | ddp-cpp per rank, 2 ranks | "
+        "ddp-cpp efficiency | PyTorch 1 process | PyTorch per rank, 2 ranks | "
+        "PyTorch efficiency |")
+    add("|---|---:|---:|---:|---:|---:|---:|")
+    for k in models:
+        cells = [k]
+        for side in ("cpp", "py"):
+            plain, d2 = tr[k]["%s-plain-1" % side], tr[k]["%s-ddp-2" % side]
+            batch = plain[0]["ranks"][0]["batch"]
+            e = paired(plain, d2, lambda x, y: x / y)
+            cells += ["%.0f" % (batch / med(times(plain))), "%.0f" % (batch / med(times(d2))),
+                      f_ratio(e)]
+        add("| " + " | ".join(cells) + " |")
+    add("")
+
+    add("## 4. Overlap of communication with backward (world size 2)")
+    add("")
+    add("Hidden share = the part of the communication window (first bucket launched → last "
+        "bucket reduced) that lies before backward ended: (end of backward − first launch) / "
+        "(end of the wait − first launch). ddp-cpp: from its Chrome trace (a traced run "
+        "after the timed ones); PyTorch: its reducer's own sampled timers "
+        "(`_get_ddp_logging_data()`: backward_compute_comm_overlap_time / "
+        "backward_comm_time), sampled every iteration in extra iterations after the timed "
+        "ones. The wait and bucket counts of ddp-cpp are its IterationStats over all timed "
+        "iterations.")
+    add("")
+    add("| model | ddp-cpp buckets (sizes, MB) | launched during backward | finished during "
+        "backward | wait at end (ms) | ddp-cpp hidden share | PyTorch buckets (sizes, MB) | "
+        "PyTorch comm window (ms) | PyTorch hidden share |")
+    add("|---|---|---:|---:|---:|---:|---|---:|---:|")
+    overlap = data.get("overlap", {})
+    for k in models:
+        its = cpp_iterations(tr[k]["cpp-ddp-2"])
+        cpp_sizes = bucket_sizes(tr[k]["cpp-ddp-2"], "cpp")
+        py_sizes = bucket_sizes(tr[k]["py-ddp-2"], "py")
+        launched = med([i["launched_before_end"] for i in its]) if its else float("nan")
+        done = med([i["done_before_end"] for i in its]) if its else float("nan")
+        wait = [i["wait_ms"] / 1e3 for i in its]
+        samples = py_samples(tr[k]["py-ddp-2"])
+        add("| %s | %d (%s) | %s of %d | %s of %d | %s | %s | %d (%s) | %s | %s |"
+            % (k, len(cpp_sizes), _mb(cpp_sizes), _count(launched), len(cpp_sizes),
+               _count(done), len(cpp_sizes), f_ms(wait) if wait else "n/a",
+               f_share(overlap.get(k, {}).get("hidden_shares", [])), len(py_sizes),
+               _mb(py_sizes),
+               f_ms([s["backward_comm_ms"] / 1e3 for s in samples]) if samples else "n/a",
+               f_share(py_hidden_shares(tr[k]["py-ddp-2"]))))
+    add("")
+
+    add("## 5. All-reduce bandwidth of DDP's buckets (world size 2)")
+    add("")
+    lb = data.get("loopback", {})
+    add("busbw = bytes / time × 2(n−1)/n (for n = 2: bytes / time). ddp-cpp: each bucket's "
+        "launch → reduced time from IterationStats (the smallest over ranks: the rank "
+        "that launched first also waits for its peer, which is skew, not transfer), all "
+        "buckets of an iteration together, median over the timed iterations; it runs while "
+        "backward computes on the same cores. Raw Gloo: `bench_allreduce` (ProcessGroupGloo all-reduce, nothing else "
+        "running) at exactly the same sizes, one after another. PyTorch exposes only the "
+        "whole communication window, so its figure is a lower bound. Loopback ceiling: a "
+        "plain TCP stream between two processes on 127.0.0.1 (`loopback.py`): "
+        "%s GB/s one way, %s GB/s per direction when both directions run at once (as in "
+        "an all-reduce)." % (_num(lb.get("one_way_GBps", float("nan"))),
+                             _num(lb.get("duplex_per_direction_GBps", float("nan")))))
+    add("")
+    add("| model | bucket sizes (MB) | ddp-cpp buckets busbw (GB/s) | raw Gloo, same sizes "
+        "(GB/s) | ddp-cpp / raw | PyTorch window busbw (GB/s, lower bound) | "
+        "duplex loopback ceiling (GB/s) |")
+    add("|---|---|---:|---:|---:|---:|---:|")
+    bw_ratio = {}
+    raw = data.get("raw_allreduce", {})
+    for k in models:
+        sizes = bucket_sizes(tr[k]["cpp-ddp-2"], "cpp")
+        ddp_bw = cpp_bucket_busbw(tr[k]["cpp-ddp-2"])
+        r = raw_busbw(sizes, raw)
+        bw_ratio[k] = med(ddp_bw) / r if ddp_bw else float("nan")
+        pyb = py_span_busbw(tr[k]["py-ddp-2"])
+        add("| %s | %s | %s | %s | %s | %s | %s |"
+            % (k, _mb(sizes), _bw(ddp_bw), _num(r), "%.2f" % bw_ratio[k], _bw(pyb),
+               _num(lb.get("duplex_per_direction_GBps", float("nan")))))
+    add("")
+    sweep = data.get("allreduce_sweep")
+    if sweep:
+        add("Raw Gloo all-reduce at 2 ranks (`bench_allreduce`), for reference:")
+        add("")
+        add("| size | time (us) | busbw (GB/s) |")
+        add("|---:|---:|---:|")
+        for row in sweep:
+            add("| %s | %.0f | %.3f |" % (row["size"], row["time_s"] * 1e6, row["busbw"]))
+        add("")
+
+    add("## Same work on both sides")
+    add("")
+    add("Both sides start from the same closed-form weights and data (models.py / "
+        "models.h) and train %d SGD steps; the largest parameter difference, relative "
+        "to the largest parameter, must be below %g (and training must have moved the weights, and 2 ranks must differ from 1)."
+        % (next(iter(data["equivalence"].values()))["steps"] if data["equivalence"] else 0,
+           st["rtol"]))
+    add("")
+    add("| model | DDP 2 ranks: C++ vs Python | no DDP: C++ vs Python | rank 1 vs rank 0 "
+        "(C++ / Python) | moved from init | DDP vs 1 rank | result |")
+    add("|---|---:|---:|---:|---:|---:|---|")
+    for k, e in data["equivalence"].items():
+        add("| %s | %.1e | %.1e | %.1e / %.1e | %.1e | %.1e | %s |"
+            % (k, e["ddp_cpp_vs_py"], e["plain_cpp_vs_py"], e["cpp_rank1_vs_rank0"],
+               e["py_rank1_vs_rank0"], e["moved_from_init"], e["ddp_vs_plain"],
+               "same work" if e["ok"] else "**MISMATCH**"))
+    add("")
+
+    add("## Goals")
+    add("")
+    for k in models:
+        add("- %s: iteration time at or below PyTorch DDP's: **%s** (ratio %.3f); "
+            "DDP overhead at world size 1 ≤ 1%%: **%s** (%+.1f%%); bucket busbw ≥ 95%% of "
+            "raw Gloo: **%s** (%.0f%%)"
+            % (k, "met" if verdicts[k] <= 1 else "not met", verdicts[k],
+               "met" if overheads[(k, "cpp")] <= 0.01 else "not met",
+               100 * overheads[(k, "cpp")], "met" if bw_ratio[k] >= 0.95 else "not met",
+               100 * bw_ratio[k]))
+    add("")
+
+    if data.get("timeline"):
+        add("## Timeline")
+        add("")
+        add("![ddp-cpp timeline](%s)" % data["timeline"]["svg"])
+        add("")
+        add("    %s" % data["timeline"]["cmd"])
+        add("")
+
+    add("## Commands")
+    add("")
+    add("```sh")
+    add("bench/run-compare %s" % " ".join(meta["argv"]))
+    add("# each trial is one launch, every rank with %s; for example:" % meta["env"])
+    for c in meta["commands"]:
+        add(c)
+    add("```")
+    add("")
+    return "\n".join(L)
+
+
+def _count(v):
+    return "%g" % v if v == v else "n/a"
+
+
+def _load(v):
+    return "/".join("%.2f" % x for x in v) if v else "n/a"
+
+
+def _mb(sizes):
+    return ", ".join("%.1f" % (s / 2**20) for s in sizes) if sizes else "n/a"
+
+
+def _bw(values):
+    if not values:
+        return "n/a"
+    m, lo, hi = spread(values)
+    return "%s (%s–%s)" % (_num(m), _num(lo), _num(hi))
+
+
+def _cpp_torch(data):
+    for trials in data["trials"].values():
+        for ts in trials.values():
+            for t in ts:
+                r = t["ranks"][0]
+                if r["side"] == "cpp":
+                    return r.get("torch", "?")
+    return "?"
+
+
+def example_commands(data):
+    out = []
+    for trials in data["trials"].values():
+        for k in ("cpp-ddp-2", "py-ddp-2", "cpp-plain-1"):
+            if k in trials:
+                out.append(trials[k][0]["cmd"])
+        break
+    return out

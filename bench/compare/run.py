@@ -1,0 +1,359 @@
+#!/usr/bin/python3
+"""ddp-cpp against PyTorch's DistributedDataParallel, on this machine, in one run.
+
+For each model (small, cnn, wide) it runs six configurations, interleaved trial by trial
+(ABAB...): C++ and Python, each as DDP at world size 2, DDP at world size 1 and the plain
+loop without DDP. Before timing, it trains both sides a few steps from identical weights
+and data and checks that their parameters agree, so both really did the same work. Then
+it measures raw Gloo all-reduce (bench_allreduce) at DDP's bucket sizes and the loopback
+ceiling, draws a DDP timeline from a traced run, and writes a markdown report.
+
+Run it through bench/run-compare, which builds what it needs first.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import launch  # noqa: E402
+import report  # noqa: E402
+
+PYTHON = "/usr/bin/python3"
+
+# (side, mode, world size); mode "ddp" wraps the model, "plain" is the loop without DDP.
+CONFIGS = [
+    ("cpp", "ddp", 2), ("py", "ddp", 2),
+    ("cpp", "ddp", 1), ("py", "ddp", 1),
+    ("cpp", "plain", 1), ("py", "plain", 1),
+]
+MODELS = ["small", "cnn", "wide"]
+
+
+def key(side, mode, world):
+    return "%s-%s-%d" % (side, mode, world)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description="Compare ddp-cpp with PyTorch DDP (see docs/benchmarks.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 trial, 2 warm-up and 5 measured iterations, no all-reduce sweep")
+    ap.add_argument("--trials", type=int, default=5, help="trials per configuration")
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up iterations per trial")
+    ap.add_argument("--iters", type=int, default=50, help="measured iterations per trial")
+    ap.add_argument("--stats-iters", type=int, default=10,
+                    help="extra PyTorch iterations that sample its DDP runtime statistics")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--check-steps", type=int, default=3,
+                    help="SGD steps before comparing C++ and Python parameters")
+    ap.add_argument("--rtol", type=float, default=1e-4,
+                    help="relative tolerance of the parameter comparison")
+    ap.add_argument("--no-hugetlb", action="store_true",
+                    help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (docs/benchmarks.md)")
+    ap.add_argument("--timeline-model", default="small",
+                    help="model of the traced run drawn as the timeline ('' to skip)")
+    ap.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
+                                                          os.path.join(ROOT, "build")))
+    ap.add_argument("--results-dir", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--name", default=None,
+                    help="report file stem (default: compare, or compare-quick with --quick)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    ap.add_argument("--verbose", action="store_true", help="print every rank's output")
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="only rewrite the report from the .json of an earlier run")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.trials, args.warmup, args.iters, args.stats_iters = 1, 2, 5, 3
+    args.models = [m for m in args.models.split(",") if m]
+    for m in args.models:
+        if m not in MODELS:
+            ap.error("unknown model %r: expected some of %s" % (m, ",".join(MODELS)))
+    if args.trials < 1 or args.iters < 1:
+        ap.error("--trials and --iters must be >= 1")
+    if args.name is None:
+        args.name = "compare-quick" if args.quick else "compare"
+    return args
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.bin = os.path.join(args.build_dir, "bin")
+        self.cpp = os.path.join(self.bin, "bench_compare")
+        self.env = launch.bench_env(not args.no_hugetlb)
+        self.launcher = launch.Launcher(os.path.join(self.bin, "ddprun"), self.env,
+                                        args.timeout, args.verbose)
+        self.tmp = tempfile.mkdtemp(prefix="ddp-bench-")
+        self.commands = []
+
+    def command(self, side, model, mode, out, extra=()):
+        common = ["--model", model, "--ddp", "1" if mode == "ddp" else "0",
+                  "--warmup", str(self.args.warmup), "--iters", str(self.args.iters),
+                  "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out]
+        if side == "cpp":
+            return [self.cpp] + common + list(extra)
+        return [PYTHON, os.path.join(HERE, "bench_py.py")] + common + [
+            "--stats-iters", str(self.args.stats_iters)] + list(extra)
+
+    def launch(self, side, model, mode, world, extra=(), what=None):
+        out = tempfile.mkdtemp(dir=self.tmp)
+        cmd = self.command(side, model, mode, out, extra)
+        self.launcher.run(world, cmd, what or "%s %s %s world %d" % (side, model, mode, world))
+        return out, cmd
+
+    # ---- correctness: both sides did the same work -----------------------------------
+
+    def check_equivalence(self, model):
+        import numpy as np
+        import models
+
+        steps = self.args.check_steps
+        flags = ["--check-steps", str(steps)]
+        dumps = {}
+        for side, mode, world in [("cpp", "ddp", 2), ("py", "ddp", 2),
+                                  ("cpp", "plain", 1), ("py", "plain", 1)]:
+            out, _ = self.launch(side, model, mode, world, flags,
+                                 "equivalence check (%s %s %s)" % (side, model, mode))
+            dumps[key(side, mode, world)] = [
+                np.fromfile(os.path.join(out, "rank%d.bin" % r), dtype=np.float32)
+                for r in range(world)]
+        import torch
+        init = torch.cat([p.detach().reshape(-1)
+                          for p in models.build(model).parameters()]).numpy()
+
+        def rel(a, b):
+            if a.shape != b.shape:
+                return float("inf")
+            return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+        res = {
+            "steps": steps,
+            "ddp_cpp_vs_py": rel(dumps["cpp-ddp-2"][0], dumps["py-ddp-2"][0]),
+            "plain_cpp_vs_py": rel(dumps["cpp-plain-1"][0], dumps["py-plain-1"][0]),
+            "cpp_rank1_vs_rank0": rel(dumps["cpp-ddp-2"][1], dumps["cpp-ddp-2"][0]),
+            "py_rank1_vs_rank0": rel(dumps["py-ddp-2"][1], dumps["py-ddp-2"][0]),
+            "moved_from_init": rel(dumps["py-ddp-2"][0], init),
+            "ddp_vs_plain": rel(dumps["py-ddp-2"][0], dumps["py-plain-1"][0]),
+            "numel": int(init.size),
+        }
+        tol = self.args.rtol
+        failures = [k for k in ("ddp_cpp_vs_py", "plain_cpp_vs_py", "cpp_rank1_vs_rank0",
+                                "py_rank1_vs_rank0") if not res[k] <= tol]
+        # The check means nothing if training did not change the weights, or if averaging
+        # over 2 ranks gave what 1 rank alone gives (the ranks' data must differ).
+        if not res["moved_from_init"] > 10 * tol:
+            failures.append("moved_from_init")
+        if not res["ddp_vs_plain"] > 10 * tol:
+            failures.append("ddp_vs_plain")
+        res["ok"] = not failures
+        if failures:
+            raise launch.RunError(
+                "equivalence check failed for model %s after %d steps: %s (tolerance %g "
+                "relative to the largest parameter; moved_from_init and ddp_vs_plain must "
+                "exceed %g). C++ and Python did not do the same work, so their times are "
+                "not comparable. Values: %s" % (model, steps, ", ".join(failures), tol,
+                                                10 * tol, json.dumps(res)))
+        return res
+
+    # ---- timing -----------------------------------------------------------------------
+
+    def trial(self, model, side, mode, world):
+        out, cmd = self.launch(side, model, mode, world)
+        ranks = launch.read_ranks(out, world)
+        shutil.rmtree(out, ignore_errors=True)
+        means = [sum(r["iter_s"]) / len(r["iter_s"]) for r in ranks]
+        return {"t": max(means), "rank_means": means, "ranks": ranks,
+                "cmd": self.launcher.describe(world, cmd).replace(out, "OUT")}
+
+    def raw_allreduce(self, sizes):
+        """Median all-reduce time of each size in bytes, from bench_allreduce at 2 ranks."""
+        out = {}
+        for size in sorted(set(sizes)):
+            size = int(size) // 4 * 4
+            if size <= 0 or size in out:
+                continue
+            text = self.launcher.run(2, [os.path.join(self.bin, "bench_allreduce"), str(size),
+                                         str(size)], "bench_allreduce %d" % size)
+            out[size] = parse_allreduce_table(text)[0]["time_s"]
+        return out
+
+    def allreduce_sweep(self):
+        text = self.launcher.run(2, [os.path.join(self.bin, "bench_allreduce"),
+                                     str(1 << 20), str(64 << 20)], "bench_allreduce sweep")
+        return parse_allreduce_table(text)
+
+    def loopback(self):
+        text = subprocess.run([PYTHON, os.path.join(HERE, "loopback.py")], env=self.env,
+                              stdout=subprocess.PIPE, check=True, text=True,
+                              timeout=self.args.timeout).stdout
+        return json.loads(text.strip().splitlines()[-1])
+
+    def traced(self, model, draw):
+        """A traced DDP run at world size 2 (after the timed ones, so tracing cannot slow
+        them): the overlap of communication with backward per iteration and, if `draw`,
+        the timeline picture."""
+        trace_dir = tempfile.mkdtemp(dir=self.tmp)
+        trace = os.path.join(trace_dir, "trace.json")
+        iters = max(3, self.args.stats_iters)
+        out = tempfile.mkdtemp(dir=self.tmp)
+        cmd = [self.cpp, "--model", model, "--ddp", "1", "--warmup", "5", "--iters",
+               str(iters), "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out,
+               "--trace", trace]
+        self.launcher.run(2, cmd, "traced run (%s)" % model)
+        traces = sorted(os.path.join(trace_dir, f) for f in os.listdir(trace_dir))
+        if len(traces) != 2:
+            raise launch.RunError("the traced run of %s wrote %d trace files, expected 2: %s"
+                                  % (model, len(traces), traces))
+        result = {"hidden_shares": [], "cmd": self.launcher.describe(2, cmd).replace(
+            out, "OUT").replace(trace, "TRACE.json")}
+        for t in traces:
+            with open(t) as f:
+                result["hidden_shares"] += overlap_from_trace(json.load(f), skip=5)
+        if draw:
+            svg = os.path.join(self.args.results_dir, "timeline-%s.svg" % model)
+            subprocess.run([PYTHON, os.path.join(ROOT, "tools", "trace_to_svg.py")] + traces +
+                           ["-o", svg, "--iterations", "2", "--title",
+                            "ddp-cpp, %s model, 2 ranks: 2 of %d traced iterations"
+                            % (model, iters)], check=True)
+            for t in traces:
+                shutil.copy(t, os.path.join(self.args.results_dir, "timeline-%s.%s"
+                                            % (model, os.path.basename(t))))
+            result["svg"] = os.path.basename(svg)
+        return result
+
+
+def overlap_from_trace(events, skip=0):
+    """Per iteration of one rank's ddp-cpp trace: (end of backward - first bucket launch) /
+    (end of the end-of-backward wait - first bucket launch). Iterations up to `skip` (the
+    warm-up) are left out."""
+    per_iter = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        it = (e.get("args") or {}).get("iteration")
+        if it is None or it <= skip:
+            continue
+        d = per_iter.setdefault(it, {"launch": [], "bwd_end": None, "wait_end": None})
+        end = e["ts"] + e.get("dur", 0)
+        if e["name"] == "all_reduce":
+            d["launch"].append(e["ts"])
+        elif e["name"] == "backward":
+            d["bwd_end"] = end
+        elif e["name"] == "backward.wait":
+            d["wait_end"] = end
+    shares = []
+    for d in per_iter.values():
+        if d["launch"] and d["bwd_end"] is not None and d["wait_end"] is not None:
+            first = min(d["launch"])
+            window = d["wait_end"] - first
+            if window > 0:
+                shares.append(min(1.0, max(0.0, (d["bwd_end"] - first) / window)))
+    return shares
+
+
+def parse_allreduce_table(text):
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].replace(".", "", 1).isdigit():
+            rows.append({"size": cells[0], "time_s": float(cells[1]) / 1e6,
+                         "algbw": float(cells[2]), "busbw": float(cells[3])})
+    if not rows:
+        raise launch.RunError("bench_allreduce printed no table:\n" + text[-2000:])
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.results_dir, exist_ok=True)
+    if args.render:
+        with open(args.render) as f:
+            data = json.load(f)
+        md_path = os.path.splitext(args.render)[0] + ".md"
+        with open(md_path, "w") as f:
+            f.write(report.markdown(data))
+        print("[compare] rewrote %s" % md_path)
+        return
+    started = time.monotonic()
+    meta = {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": launch.machine_info(),
+        "load_before": launch.load_average(),
+        "git": launch.command_output(["git", "describe", "--always", "--dirty"], cwd=ROOT),
+        "python_torch": launch.command_output(
+            [PYTHON, "-c", "import torch, sys; print(torch.__version__, sys.version.split()[0])"]),
+        "compiler": launch.command_output(["c++", "--version"]).splitlines()[:1],
+        "settings": {k: getattr(args, k) for k in (
+            "trials", "warmup", "iters", "stats_iters", "bucket_cap_mb", "check_steps",
+            "rtol", "quick", "no_hugetlb", "models")},
+        "argv": sys.argv[1:] if argv is None else argv,
+    }
+    bench = Bench(args)
+    meta["env"] = " ".join("%s=%s" % (k, bench.env[k]) for k in launch.BENCH_VARS
+                           if k in bench.env)
+    meta["launcher"] = "ddprun" if bench.launcher.ddprun else "built-in (ddprun not built)"
+    data = {"meta": meta, "equivalence": {}, "trials": {m: {} for m in args.models}}
+    try:
+        for model in args.models:
+            print("[compare] equivalence check: %s" % model, flush=True)
+            data["equivalence"][model] = bench.check_equivalence(model)
+
+        for t in range(args.trials):
+            for model in args.models:
+                for side, mode, world in CONFIGS:
+                    tr = bench.trial(model, side, mode, world)
+                    data["trials"][model].setdefault(key(side, mode, world), []).append(tr)
+                    print("[compare] trial %d/%d %-5s %-22s %8.2f ms"
+                          % (t + 1, args.trials, model, key(side, mode, world), tr["t"] * 1e3),
+                          flush=True)
+
+        sizes = set()
+        for model in args.models:
+            for k in ("cpp-ddp-2", "py-ddp-2"):
+                sizes.update(report.bucket_sizes(data["trials"][model][k], k.split("-")[0]))
+        print("[compare] raw Gloo all-reduce at %d bucket sizes" % len(sizes), flush=True)
+        data["raw_allreduce"] = {str(k): v for k, v in bench.raw_allreduce(sizes).items()}
+        if not args.quick:
+            data["allreduce_sweep"] = bench.allreduce_sweep()
+        print("[compare] loopback ceiling", flush=True)
+        data["loopback"] = bench.loopback()
+        data["overlap"] = {}
+        for model in args.models:
+            print("[compare] traced run: %s" % model, flush=True)
+            data["overlap"][model] = bench.traced(model, draw=model == args.timeline_model)
+            if "svg" in data["overlap"][model]:
+                data["timeline"] = data["overlap"][model]
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+
+    meta["load_after"] = launch.load_average()
+    meta["elapsed_s"] = time.monotonic() - started
+    meta["commands"] = report.example_commands(data)
+    text = report.markdown(data)
+    md_path = os.path.join(args.results_dir, args.name + ".md")
+    with open(md_path, "w") as f:
+        f.write(text)
+    with open(os.path.join(args.results_dir, args.name + ".json"), "w") as f:
+        json.dump(data, f)
+    print(text)
+    print("[compare] wrote %s (%.0f s)" % (os.path.relpath(md_path), meta["elapsed_s"]))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except launch.RunError as e:
+        print("compare: %s" % e, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,173 @@
+#pragma once
+
+// Checkpoints: everything a training run needs to continue bit-identically after it was
+// stopped or killed (model, optimizer state, epoch and step, sampler position, RNG
+// states), in a file that Python's torch.load reads as a plain dict.
+//
+// Example (every rank runs this):
+//   ddp::CheckpointOptions where("runs/ckpt");                   // keeps the last 3
+//   ddp::Checkpoint ckpt(*model);        // the unwrapped module: ddp_model->module()
+//   ckpt.optimizer(&optimizer).sampler(&sampler);
+//   if (ddp::load_latest_checkpoint(where, ckpt)) start_epoch = ckpt.epoch();
+//   for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);        // keeps a restored mid-epoch position
+//     for (auto& batch : *loader) {
+//       ...; optimizer.step(); ++step;
+//       if (step % 100 == 0) ddp::save_checkpoint(where, ckpt.epoch(epoch).step(step));
+//     }
+//   }
+//
+// File layout (a dict; torch.load(path) in Python returns it):
+//   "format": "ddp-cpp checkpoint", "version": 1, "epoch", "step", "world_size"
+//   "model":     state dict, keys and order as Python's module.state_dict()
+//   "optimizer": Python's optimizer.state_dict() layout ("state" keyed by parameter
+//                index, "param_groups" with hyperparameters and "params"), plus "type"
+//                and "param_names" (index -> model key); SGD, Adam and AdamW
+//   "sampler":   epoch, dataset_size, num_replicas, shuffle, seed, drop_last, and
+//                "positions" (indices handed out, per rank)
+//   "rng":       per rank, {"cpu": torch.get_rng_state(), "cuda": [per-device states]}
+//   "extra":     the caller's own values
+
+#include <ddp/process_group.h>
+#include <ddp/sampler.h>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+} // namespace nn
+namespace optim {
+class Optimizer;
+} // namespace optim
+} // namespace torch
+
+namespace ddp {
+
+/// The caller's own values in a checkpoint: string keys, any IValue (int, double,
+/// string, tensor, list, dict); Python reads it as dict[str, Any].
+using CheckpointExtra = c10::impl::GenericDict;
+
+/// What a checkpoint saves and restores. The model is required; the optimizer and
+/// sampler are optional (nullptr: neither saved nor restored). Holds pointers, not
+/// copies: they must outlive the save/load calls. load_checkpoint fills epoch, step
+/// and extra.
+///
+/// Example:
+///   ddp::Checkpoint(*model).optimizer(&optimizer).sampler(&sampler).epoch(1).step(250);
+struct Checkpoint {
+  explicit Checkpoint(torch::nn::Module& model) : model_(&model) {}
+
+  /// The unwrapped model (for DDP: ddp_model->module()); its parameters and buffers.
+  Checkpoint& model(torch::nn::Module& model) { model_ = &model; return *this; }
+  torch::nn::Module* model() const { return model_; }
+  /// torch::optim::SGD, Adam or AdamW; nullptr: none.
+  Checkpoint& optimizer(torch::optim::Optimizer* optimizer) {
+    optimizer_ = optimizer;
+    return *this;
+  }
+  torch::optim::Optimizer* optimizer() const { return optimizer_; }
+  /// nullptr: none.
+  Checkpoint& sampler(DistributedSampler* sampler) { sampler_ = sampler; return *this; }
+  DistributedSampler* sampler() const { return sampler_; }
+  /// The group to synchronise with; nullptr: the default group if initialised, else
+  /// this process alone.
+  Checkpoint& process_group(ProcessGroup* group) { process_group_ = group; return *this; }
+  ProcessGroup* process_group() const { return process_group_; }
+
+  /// The epoch in progress.
+  TORCH_ARG(int64_t, epoch) = 0;
+  /// Optimizer steps taken so far; names the file in a checkpoint directory.
+  TORCH_ARG(int64_t, step) = 0;
+  /// Save and restore every rank's RNG states (torch's default CPU generator and, where
+  /// present, each CUDA device's), so that dropout and random augmentation repeat.
+  TORCH_ARG(bool, rng) = true;
+  /// The caller's own values. A dict shares its contents when copied.
+  TORCH_ARG(CheckpointExtra, extra) =
+      CheckpointExtra(c10::StringType::get(), c10::AnyType::get());
+
+ private:
+  torch::nn::Module* model_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  DistributedSampler* sampler_ = nullptr;
+  ProcessGroup* process_group_ = nullptr;
+};
+
+/// Saves `checkpoint` to `path`. Collective: every rank of the group calls it. Rank 0
+/// writes (the model, optimizer and epoch/step are rank 0's; sampler positions and RNG
+/// states are gathered from every rank); the others wait until the file is complete,
+/// so nobody can read a half-written file. The write is atomic: a crash at any moment
+/// leaves the previous file at `path` or the new one. If rank 0 fails to write, every
+/// rank throws its error.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+
+/// Restores `checkpoint` from `path` on this rank: tensors go to the device of the
+/// parameter they belong to. Everything is validated before anything is changed; a
+/// missing or unexpected key, a shape mismatch, a truncated or corrupt file, another
+/// optimizer type, or a mid-epoch sampler position saved by another number of ranks
+/// throws an error naming the key or shape, leaving model, optimizer, sampler and RNG
+/// untouched. Not collective.
+void load_checkpoint(const std::string& path, Checkpoint& checkpoint);
+
+/// A directory of checkpoints named <prefix>-<step>.pt with a `latest` pointer.
+///
+/// Example:
+///   ddp::CheckpointOptions("runs/ckpt").keep_last(5);
+struct CheckpointOptions {
+  explicit CheckpointOptions(std::string directory) : directory_(std::move(directory)) {}
+  /// Created (with parents) by the first save.
+  TORCH_ARG(std::string, directory);
+  /// How many checkpoints to keep; older ones are deleted after a newer one is
+  /// complete. 0 keeps all.
+  TORCH_ARG(int64_t, keep_last) = 3;
+  /// File names are <prefix>-<step>.pt.
+  TORCH_ARG(std::string, prefix) = "ckpt";
+};
+
+/// Saves to <directory>/<prefix>-<checkpoint.step()>.pt, then atomically points
+/// <directory>/latest at it, then deletes the oldest beyond keep_last. Collective, like
+/// save_checkpoint. Returns the path written.
+std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& checkpoint);
+
+/// The newest complete checkpoint: the one `latest` names, else (no pointer, or it names
+/// a missing file) the highest step among <prefix>-<step>.pt; nullopt if none. Reads
+/// this rank's view of the directory; not collective.
+c10::optional<std::string> latest_checkpoint(const CheckpointOptions& options);
+
+/// Loads latest_checkpoint(options) if there is one and returns its path; nullopt (and
+/// nothing restored) when the directory holds none. Collective: rank 0 chooses the file
+/// and every rank loads that one.
+c10::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
+                                                  Checkpoint& checkpoint);
+
+// ---- State dicts, interchangeable with Python's ----------------------------------
+
+/// The model's parameters and buffers, keyed and ordered as Python's
+/// module.state_dict() for the same architecture ("conv1.weight", "bn1.running_mean").
+/// The tensors are the model's own (detached), not copies.
+c10::Dict<std::string, at::Tensor> model_state_dict(const torch::nn::Module& model);
+
+/// Copies `state` into the model's parameters and buffers (converted to their device
+/// and dtype). Every key and shape is checked first; on a missing or unexpected key or
+/// a shape mismatch nothing is changed and the error lists them all.
+void load_model_state_dict(torch::nn::Module& model,
+                           const c10::Dict<std::string, at::Tensor>& state);
+
+/// Reads a state dict from a file written by Python's torch.save(model.state_dict(),
+/// path) (the zipfile format, default since PyTorch 1.6), by save_model_state_dict, or
+/// the "model" entry of a checkpoint. Tensors are on the CPU.
+c10::Dict<std::string, at::Tensor> read_state_dict(const std::string& path);
+
+/// Writes model_state_dict(model) atomically, for torch.load in Python.
+void save_model_state_dict(const torch::nn::Module& model, const std::string& path);
+
+} // namespace ddp

@@ -1,0 +1,45 @@
+#pragma once
+
+// What DistributedDataParallel measured in one reduced iteration: how many buckets,
+// how many of their all-reduces overlapped with backward, and how long backward
+// waited for communication at its end.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ddp {
+
+/// One iteration's communication, as seen from this rank.
+///
+/// Example:
+///   loss.backward();
+///   ddp::IterationStats s = dmodel->last_iteration_stats();
+///   std::cout << s.buckets_done_before_end << "/" << s.num_buckets
+///             << " buckets finished during backward; waited " << s.wait_ms << " ms\n";
+struct IterationStats {
+  /// 1 for the first reduced backward, counting only reduced (synchronised) iterations;
+  /// 0 when nothing was reduced yet (always 0 at world size 1, which reduces nothing).
+  int64_t iteration = 0;
+  /// Buckets in this iteration.
+  size_t num_buckets = 0;
+  /// Buckets whose all-reduce was launched from a gradient hook, i.e. while backward
+  /// was still computing, before the end-of-backward callback began.
+  size_t buckets_launched_before_end = 0;
+  /// Buckets whose all-reduce had already completed when the end-of-backward callback
+  /// began: communication fully hidden behind computation.
+  size_t buckets_done_before_end = 0;
+  /// From the end of forward to the start of the end-of-backward callback (includes
+  /// the loss computation between them).
+  double backward_ms = 0;
+  /// Time the end-of-backward callback waited for communication to complete.
+  double wait_ms = 0;
+  /// Sum over buckets of launch -> completion of its reduction (the comm hook's future).
+  double allreduce_total_ms = 0;
+  /// Per bucket, in launch order: its flat buffer's size in bytes.
+  std::vector<int64_t> bucket_bytes;
+  /// Per bucket, in launch order: launch -> completion of its reduction.
+  std::vector<double> bucket_allreduce_ms;
+};
+
+} // namespace ddp

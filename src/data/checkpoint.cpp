@@ -1,0 +1,276 @@
+// save_checkpoint / load_checkpoint for one file. See include/ddp/checkpoint.h for the
+// file layout.
+
+#include <ddp/checkpoint.h>
+
+#include "data/atomic_file.h"
+#include "data/checkpoint_io.h"
+#include "data/optimizer_state.h"
+#include "data/pickle_io.h"
+#include "data/rng_state.h"
+#include "data/state_dict.h"
+
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+namespace ddp {
+namespace detail {
+
+namespace {
+
+constexpr const char* kFormat = "ddp-cpp checkpoint";
+constexpr int64_t kVersion = 1;
+
+std::string to_bytes(const c10::IValue& value) {
+  const std::vector<char> bytes = pickle(value);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// What only this rank knows: its sampler position and its RNG states.
+std::string rank_part(const Checkpoint& checkpoint) {
+  c10::impl::GenericDict part = new_dict();
+  if (checkpoint.sampler() != nullptr) {
+    part.insert("sampler_rank", checkpoint.sampler()->rank());
+    part.insert("position", static_cast<int64_t>(checkpoint.sampler()->position()));
+  }
+  if (checkpoint.rng()) part.insert("rng", rng_state());
+  return to_bytes(part);
+}
+
+c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
+                                    const std::vector<c10::impl::GenericDict>& parts) {
+  const DistributedSamplerState st = sampler.state();
+  // Positions are indexed by sampler rank; -1 where no process had that rank.
+  std::vector<int64_t> positions(static_cast<size_t>(st.num_replicas), -1);
+  for (const auto& part : parts) {
+    const int64_t r = part.at("sampler_rank").toInt();
+    if (r >= 0 && r < st.num_replicas) positions[r] = part.at("position").toInt();
+  }
+  c10::impl::GenericDict d = new_dict();
+  d.insert("epoch", st.epoch);
+  d.insert("dataset_size", st.dataset_size);
+  d.insert("num_replicas", st.num_replicas);
+  d.insert("shuffle", st.shuffle);
+  d.insert("seed", st.seed);
+  d.insert("drop_last", st.drop_last);
+  d.insert("positions", c10::List<int64_t>(positions));
+  return d;
+}
+
+std::string build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
+                       const std::vector<std::string>& part_bytes) {
+  std::vector<c10::impl::GenericDict> parts;
+  for (size_t r = 0; r < part_bytes.size(); ++r) {
+    parts.push_back(as_dict(unpickle(part_bytes[r], "save_checkpoint"),
+                            "rank " + std::to_string(r) + "'s part", "save_checkpoint"));
+  }
+  c10::impl::GenericDict top = new_dict();
+  top.insert("format", std::string(kFormat));
+  top.insert("version", kVersion);
+  top.insert("world_size", static_cast<int64_t>(group.size));
+  top.insert("epoch", checkpoint.epoch());
+  top.insert("step", checkpoint.step());
+  top.insert("model", cpu_state_dict(*checkpoint.model()));
+  if (checkpoint.optimizer() != nullptr) {
+    top.insert("optimizer", optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
+  }
+  if (checkpoint.sampler() != nullptr) {
+    top.insert("sampler", sampler_dict(*checkpoint.sampler(), parts));
+  }
+  if (checkpoint.rng()) {
+    c10::impl::GenericList rng = new_list();
+    for (const auto& part : parts) rng.push_back(part.at("rng"));
+    top.insert("rng", rng);
+  }
+  top.insert("extra", checkpoint.extra());
+  return to_bytes(top);
+}
+
+Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved,
+                           const std::string& where) {
+  const std::string what = "'sampler'";
+  const c10::impl::GenericDict d = as_dict(saved, what, where);
+  DistributedSamplerState st;
+  st.epoch = get_int(d, "epoch", what, where);
+  st.dataset_size = get_int(d, "dataset_size", what, where);
+  st.num_replicas = get_int(d, "num_replicas", what, where);
+  st.shuffle = get_bool(d, "shuffle", what, where);
+  st.seed = get_int(d, "seed", what, where);
+  st.drop_last = get_bool(d, "drop_last", what, where);
+  const c10::IValue positions_value = get(d, "positions", what, where);
+  TORCH_CHECK(positions_value.isList(), where, ": sampler['positions'] should be a list");
+  std::vector<int64_t> positions;
+  for (const c10::IValue& p : positions_value.toList()) {
+    TORCH_CHECK(p.isInt(), where, ": sampler['positions'] should hold ints");
+    positions.push_back(p.toInt());
+  }
+  TORCH_CHECK(static_cast<int64_t>(positions.size()) == st.num_replicas && st.num_replicas > 0 &&
+                  st.dataset_size > 0,
+              where, ": sampler['positions'] has ", positions.size(), " entries for num_replicas=",
+              st.num_replicas, "; the file is corrupt.");
+
+  if (st.num_replicas == sampler.num_replicas()) {
+    st.rank = sampler.rank();
+    st.position = positions[static_cast<size_t>(st.rank)];
+    TORCH_CHECK(st.position >= 0, where, ": no rank saved a position for sampler rank ",
+                st.rank, "; the checkpoint was saved with a sampler of another rank layout.");
+  } else {
+    // Note [Resuming with another world size]: at an epoch boundary (every rank at 0, or
+    // every rank done with the epoch) only the epoch carries over; mid-epoch the unseen
+    // samples of N ranks cannot be divided among M ranks the way M ranks would have.
+    const int64_t n = st.dataset_size;
+    const int64_t saved_samples =
+        st.drop_last ? n / st.num_replicas : (n + st.num_replicas - 1) / st.num_replicas;
+    // -1: no process had that sampler rank (e.g. saved by one process for rank 0 of 2).
+    bool all_zero = true;
+    bool all_done = true;
+    for (const int64_t p : positions) {
+      if (p < 0) continue;
+      all_zero = all_zero && p == 0;
+      all_done = all_done && p == saved_samples;
+    }
+    TORCH_CHECK(all_zero || all_done, where, ": the checkpoint was saved mid-epoch (epoch ",
+                st.epoch, ", position ", positions[0], " of ", saved_samples,
+                " samples per rank) by ", st.num_replicas,
+                " ranks, but this sampler has num_replicas=", sampler.num_replicas(),
+                ". The samples not yet seen cannot be split the same way across another "
+                "number of ranks; resume with ", st.num_replicas,
+                " ranks, or from a checkpoint saved at an epoch boundary.");
+    const int64_t epoch = st.epoch;
+    st = sampler.state();
+    st.epoch = epoch;
+    st.position = all_zero ? 0 : static_cast<int64_t>(sampler.num_samples());
+  }
+  sampler.check_state(st);
+  return [&sampler, st] { sampler.load_state(st); };
+}
+
+} // namespace
+
+std::vector<std::string> CheckpointGroup::all_gather(const std::string& bytes) const {
+  if (group == nullptr || size == 1) return {bytes};
+  return group->all_gather_bytes(bytes);
+}
+
+CheckpointGroup checkpoint_group(const Checkpoint& checkpoint) {
+  CheckpointGroup g;
+  if (checkpoint.process_group() != nullptr) {
+    g.group = checkpoint.process_group();
+  } else if (is_initialized()) {
+    g.owned = default_group();
+    g.group = g.owned.get();
+  }
+  if (g.group != nullptr) {
+    g.rank = g.group->rank();
+    g.size = g.group->size();
+  }
+  return g;
+}
+
+// Note [Save barrier]
+// Rank 0 writes; the others must not return (and perhaps read the file, or exit and let
+// a launcher count the job as done) before the file is complete. Instead of a bare
+// barrier, every rank waits for rank 0's verdict: "" when the file is complete, else
+// rank 0's error, which every rank then throws, so no rank carries on believing a
+// checkpoint exists.
+void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
+                          const std::function<void()>& before,
+                          const std::function<void()>& after) {
+  TORCH_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
+              "'): Checkpoint::model is null; expected the unwrapped model");
+  const CheckpointGroup group = checkpoint_group(checkpoint);
+  const std::vector<std::string> parts = group.all_gather(rank_part(checkpoint));
+  std::string error;
+  if (group.rank == 0) {
+    try {
+      const std::string bytes = build_file(checkpoint, group, parts);
+      if (before) before();
+      write_file_atomic(path, bytes);
+      if (after) after();
+    } catch (const c10::Error& e) {
+      error = e.msg();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const std::vector<std::string> verdicts = group.all_gather(group.rank == 0 ? error : "");
+  TORCH_CHECK(verdicts[0].empty(), "save_checkpoint('", path, "') failed on rank 0 (the rank "
+              "that writes), so no checkpoint was written; seen on rank ", group.rank, ": ",
+              verdicts[0]);
+}
+
+} // namespace detail
+
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  detail::save_checkpoint_with(path, checkpoint, nullptr, nullptr);
+}
+
+void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
+  using namespace detail;
+  const std::string where = "load_checkpoint('" + path + "')";
+  TORCH_CHECK(checkpoint.model() != nullptr, where,
+              ": Checkpoint::model is null; expected the unwrapped model");
+  TORCH_CHECK(file_exists(path), where, ": no such file. Expected a checkpoint written by "
+              "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
+  const c10::impl::GenericDict top =
+      as_dict(unpickle(read_file(path), where), "the file's content", where);
+  const c10::IValue format = get(top, "format", "the file", where);
+  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, where,
+              ": not a ddp-cpp checkpoint (format is ",
+              format.isString() ? "'" + format.toStringRef() + "'" : format.tagKind(),
+              "). For a plain state dict use ddp::read_state_dict.");
+  const int64_t version = get_int(top, "version", "the file", where);
+  TORCH_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
+              " is newer than this library reads (", kVersion, "); update ddp-cpp.");
+  const int64_t epoch = get_int(top, "epoch", "the file", where);
+  const int64_t step = get_int(top, "step", "the file", where);
+  const int64_t world_size = get_int(top, "world_size", "the file", where);
+  const c10::impl::GenericDict extra_generic =
+      as_dict(get(top, "extra", "the file", where), "'extra'", where);
+  CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& entry : extra_generic) {
+    TORCH_CHECK(entry.key().isString(), where, ": 'extra' should have string keys");
+    extra.insert(entry.key(), entry.value());
+  }
+
+  auto require = [&](const char* key, const char* setter) {
+    TORCH_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
+                "' (it was saved without Checkpoint::", setter, "), but this Checkpoint asks "
+                "to restore one. Load with Checkpoint::", setter,
+                key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
+  };
+  if (checkpoint.optimizer() != nullptr) require("optimizer", "optimizer");
+  if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
+  if (checkpoint.rng()) require("rng", "rng");
+
+  // Note [Validate, then apply]
+  std::vector<Apply> steps;
+  steps.push_back(prepare_model_load(
+      *checkpoint.model(), tensor_dict(get(top, "model", "the file", where), "'model'", where),
+      where));
+  if (checkpoint.optimizer() != nullptr) {
+    steps.push_back(prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(),
+                                           get(top, "optimizer", "the file", where), where));
+  }
+  if (checkpoint.sampler() != nullptr) {
+    steps.push_back(
+        prepare_sampler_load(*checkpoint.sampler(), get(top, "sampler", "the file", where), where));
+  }
+  if (checkpoint.rng()) {
+    const CheckpointGroup group = checkpoint_group(checkpoint);
+    const c10::IValue rng_value = get(top, "rng", "the file", where);
+    TORCH_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
+                ": 'rng' should be a non-empty list (one entry per rank)");
+    const c10::impl::GenericList rng = rng_value.toList();
+    // Same world size: each rank its own state; else rank r takes r % saved ranks.
+    TORCH_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size,
+                where, ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
+                "; the file is corrupt.");
+    const size_t index = static_cast<size_t>(group.rank) % rng.size();
+    steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
+  }
+  for (const Apply& apply : steps) apply();
+  checkpoint.epoch(epoch).step(step).extra(extra);
+}
+
+} // namespace ddp

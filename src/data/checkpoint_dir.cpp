@@ -1,0 +1,144 @@
+// A directory of checkpoints: <prefix>-<step>.pt files, a `latest` pointer, keep_last.
+
+#include <ddp/checkpoint.h>
+
+#include "data/atomic_file.h"
+#include "data/checkpoint_io.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <utility>
+
+namespace ddp {
+
+namespace {
+
+constexpr const char* kLatest = "latest";
+
+void validate(const CheckpointOptions& options) {
+  TORCH_CHECK(!options.directory().empty(),
+              "CheckpointOptions: directory must not be empty; expected a path");
+  TORCH_CHECK(options.keep_last() >= 0, "CheckpointOptions: keep_last must be >= 0 (0 keeps "
+              "all), but got ", options.keep_last());
+  TORCH_CHECK(!options.prefix().empty() && options.prefix().find('/') == std::string::npos,
+              "CheckpointOptions: prefix must be a non-empty file name without '/', but got '",
+              options.prefix(), "'");
+}
+
+std::string file_name(const CheckpointOptions& options, int64_t step) {
+  return options.prefix() + "-" + std::to_string(step) + ".pt";
+}
+
+// The step of "<prefix>-<digits>.pt", or -1 for any other name.
+int64_t step_of(const CheckpointOptions& options, const std::string& name) {
+  const std::string head = options.prefix() + "-";
+  const std::string tail = ".pt";
+  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+    return -1;
+  }
+  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+// (step, name) of every checkpoint file, oldest first.
+std::vector<std::pair<int64_t, std::string>> checkpoints(const CheckpointOptions& options) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& name : detail::list_directory(options.directory())) {
+    const int64_t step = step_of(options, name);
+    if (step >= 0) out.emplace_back(step, name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Temporaries left by a writer that crashed (Note [Atomic write]).
+void remove_stale_temporaries(const CheckpointOptions& options) {
+  for (const auto& name : detail::list_directory(options.directory())) {
+    const bool ours = name.rfind("." + options.prefix() + "-", 0) == 0 ||
+                      name.rfind(std::string(".") + kLatest + ".tmp.", 0) == 0;
+    if (ours && name.find(".tmp.") != std::string::npos) {
+      detail::remove_file(options.directory() + "/" + name);
+    }
+  }
+}
+
+// Keeps the file just written and the newest keep_last - 1 others.
+void remove_old(const CheckpointOptions& options, const std::string& written) {
+  if (options.keep_last() == 0) return;
+  auto all = checkpoints(options);
+  all.erase(std::remove_if(all.begin(), all.end(),
+                           [&](const auto& c) { return c.second == written; }),
+            all.end());
+  const size_t keep = static_cast<size_t>(options.keep_last() - 1);
+  for (size_t i = 0; i + keep < all.size(); ++i) {
+    detail::remove_file(options.directory() + "/" + all[i].second);
+  }
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+} // namespace
+
+std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& checkpoint) {
+  validate(options);
+  TORCH_CHECK(checkpoint.step() >= 0, "save_checkpoint: Checkpoint::step must be >= 0 (it "
+              "names the file), but got ", checkpoint.step());
+  const std::string name = file_name(options, checkpoint.step());
+  const std::string path = options.directory() + "/" + name;
+  detail::save_checkpoint_with(
+      path, checkpoint,
+      /*before=*/
+      [&] {
+        detail::make_directories(options.directory());
+        remove_stale_temporaries(options);
+      },
+      /*after=*/
+      [&] {
+        // The checkpoint is complete before the pointer names it.
+        detail::write_file_atomic(options.directory() + "/" + kLatest, name + "\n");
+        remove_old(options, name);
+      });
+  return path;
+}
+
+c10::optional<std::string> latest_checkpoint(const CheckpointOptions& options) {
+  validate(options);
+  const std::string pointer = options.directory() + "/" + kLatest;
+  if (detail::file_exists(pointer)) {
+    const std::string name = trim(detail::read_file(pointer));
+    if (step_of(options, name) >= 0 && detail::file_exists(options.directory() + "/" + name)) {
+      return options.directory() + "/" + name;
+    }
+  }
+  const auto all = checkpoints(options);
+  if (all.empty()) return c10::nullopt;
+  return options.directory() + "/" + all.back().second;
+}
+
+c10::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
+                                                  Checkpoint& checkpoint) {
+  validate(options);
+  const detail::CheckpointGroup group = detail::checkpoint_group(checkpoint);
+  std::string choice;
+  if (group.rank == 0) {
+    const auto latest = latest_checkpoint(options);
+    choice = latest ? *latest : "";
+  }
+  // Rank 0 decides, so that every rank loads the same file even if a save is racing.
+  choice = group.all_gather(choice)[0];
+  if (choice.empty()) return c10::nullopt;
+  load_checkpoint(choice, checkpoint);
+  return choice;
+}
+
+} // namespace ddp

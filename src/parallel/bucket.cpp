@@ -1,0 +1,49 @@
+#include "parallel/bucket.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+
+
+namespace ddp {
+namespace detail {
+
+at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes) {
+  // See Note [Plain bucket views].
+  at::AutoDispatchBelowADInplaceOrView guard;
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  return buffer.narrow(/*dim=*/0, offset, numel).view(sizes);
+}
+
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
+                                 const BucketAssignment& assignment) {
+  std::vector<Bucket> buckets(assignment.size());
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.params = assignment[b];
+    int64_t total = 0;
+    for (size_t i : bucket.params) {
+      bucket.offsets.push_back(total);
+      total += params[i].numel();
+    }
+    const at::Tensor& first = params[bucket.params.front()];
+    bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      bucket.views.push_back(
+          plain_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]].sizes()));
+    }
+    bucket.pending = bucket.params.size();
+  }
+  return buckets;
+}
+
+std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params) {
+  std::vector<Slot> slots(num_params);
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    for (size_t k = 0; k < assignment[b].size(); ++k) slots[assignment[b][k]] = Slot{b, k};
+  }
+  return slots;
+}
+
+} // namespace detail
+} // namespace ddp

@@ -1,0 +1,64 @@
+#pragma once
+
+// A bucket's memory and per-iteration state. Its buffer is one flat tensor holding the
+// gradients of its parameters back to back; `views` are slices of it shaped like each
+// parameter.
+//
+// Note [Plain bucket views]
+// The views are made below the autograd view layer (AutoDispatchBelowADInplaceOrView),
+// so they alias the buffer's storage without being autograd views. With
+// gradient_as_bucket_view they become the parameters' .grad(), and LibTorch's
+// Optimizer::zero_grad() calls grad.detach_(), which autograd refuses on views
+// ("Can't detach views in-place").
+
+#include "parallel/bucket_assignment.h"
+#include "parallel/clock.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ddp {
+namespace detail {
+
+/// Written by the future's completion callback (a communication thread), read by the
+/// end-of-backward callback, hence atomics.
+struct BucketTiming {
+  std::atomic<int64_t> launch_ns{0};
+  std::atomic<int64_t> done_ns{0};
+};
+
+struct Bucket {
+  at::Tensor buffer;
+  std::vector<size_t> params;      // reduced-parameter indices, in buffer order
+  std::vector<int64_t> offsets;    // element offset of each in buffer
+  std::vector<at::Tensor> views;   // see Note [Plain bucket views]
+  size_t pending = 0;              // parameters not yet ready this iteration
+  c10::intrusive_ptr<c10::ivalue::Future> future;  // reduction in flight, or null
+  std::shared_ptr<BucketTiming> timing = std::make_shared<BucketTiming>();
+
+  int64_t bytes() const { return buffer.numel() * static_cast<int64_t>(buffer.element_size()); }
+};
+
+/// Where a parameter's gradient lives: bucket index and position inside it.
+struct Slot {
+  size_t bucket = 0;
+  size_t index = 0;
+};
+
+/// Allocates zeroed buffers for `assignment` over `params` (the reduced parameters).
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
+                                 const BucketAssignment& assignment);
+
+/// slots[i]: where params[i] is.
+std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params);
+
+/// A slice of `buffer` shaped like `sizes`, aliasing it without being an autograd view.
+at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes);
+
+} // namespace detail
+} // namespace ddp

@@ -1,0 +1,108 @@
+#include <ddp/comm_hooks.h>
+
+#include "parallel/bucket.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/jit_type.h>
+
+#include <utility>
+
+namespace ddp {
+
+GradBucket::GradBucket(size_t index, size_t num_buckets, at::Tensor buffer,
+                       std::vector<at::Tensor> parameters, std::vector<int64_t> offsets,
+                       ProcessGroup& process_group)
+    : index_(index),
+      num_buckets_(num_buckets),
+      buffer_(std::move(buffer)),
+      parameters_(std::move(parameters)),
+      offsets_(std::move(offsets)),
+      process_group_(&process_group) {}
+
+std::vector<at::Tensor> GradBucket::gradients() const {
+  std::vector<at::Tensor> out;
+  out.reserve(parameters_.size());
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    out.push_back(detail::plain_view(buffer_, offsets_[k], parameters_[k].sizes()));
+  }
+  return out;
+}
+
+namespace {
+
+class FunctionHook final : public CommHook {
+ public:
+  FunctionHook(CommHookFn fn, std::string name) : fn_(std::move(fn)), name_(std::move(name)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> run_hook(GradBucket& bucket) override {
+    return fn_(bucket);
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  CommHookFn fn_;
+  std::string name_;
+};
+
+// The first tensor of a collective's result (a list of tensors) or the tensor itself.
+at::Tensor first_tensor(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor();
+  return value.toTensorVector().at(0);
+}
+
+// Compress to `wire` dtype (divided by the world size), all-reduce, decompress into the
+// bucket. `transport`, when set, is the dtype actually sent (see bf16 on Gloo).
+c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
+    GradBucket& bucket, at::ScalarType wire, c10::optional<at::ScalarType> transport) {
+  ProcessGroup& pg = bucket.process_group();
+  at::Tensor compressed = bucket.buffer().to(wire).div_(pg.size());
+  std::vector<at::Tensor> tensors{transport ? compressed.to(*transport) : compressed};
+  auto future = pg.all_reduce_async(tensors, ReduceOp::SUM).future();
+  at::Tensor buffer = bucket.buffer();
+  return future->then(
+      [buffer, wire](c10::ivalue::Future& done) -> c10::IValue {
+        // Rounding the sum to `wire` again is a no-op when it travelled as `wire`.
+        buffer.copy_(first_tensor(done.value()).to(wire));
+        return buffer;
+      },
+      c10::TensorType::get());
+}
+
+} // namespace
+
+std::shared_ptr<CommHook> make_comm_hook(CommHookFn fn, std::string name) {
+  TORCH_CHECK(fn, "make_comm_hook got an empty function");
+  return std::make_shared<FunctionHook>(std::move(fn), std::move(name));
+}
+
+namespace comm_hooks {
+
+std::shared_ptr<CommHook> allreduce_hook() {
+  return make_comm_hook(
+      [](GradBucket& bucket) {
+        std::vector<at::Tensor> tensors{bucket.buffer()};
+        return bucket.process_group().all_reduce_async(tensors, ReduceOp::SUM).future();
+      },
+      "allreduce");
+}
+
+std::shared_ptr<CommHook> fp16_compress_hook() {
+  return make_comm_hook(
+      [](GradBucket& bucket) {
+        return compressed_allreduce(bucket, at::kHalf, c10::nullopt);
+      },
+      "fp16_compress");
+}
+
+std::shared_ptr<CommHook> bf16_compress_hook() {
+  return make_comm_hook(
+      [](GradBucket& bucket) {
+        const bool gloo = bucket.process_group().backend() == "gloo";
+        return compressed_allreduce(bucket, at::kBFloat16,
+                                    gloo ? c10::optional<at::ScalarType>(at::kFloat)
+                                         : c10::nullopt);
+      },
+      "bf16_compress");
+}
+
+} // namespace comm_hooks
+} // namespace ddp

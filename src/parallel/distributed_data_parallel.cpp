@@ -1,0 +1,238 @@
+#include <ddp/distributed_data_parallel.h>
+
+#include <ddp/errors.h>
+
+#include "parallel/bucket_assignment.h"
+#include "parallel/clock.h"
+#include "parallel/model_check.h"
+#include "parallel/module_sync.h"
+#include "parallel/reducer.h"
+#include "parallel/trace_writer.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Type.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_set>
+
+namespace ddp {
+
+struct DistributedDataParallelBase::State {
+  DistributedDataParallelOptions options;
+  std::shared_ptr<ProcessGroup> pg;
+  std::vector<std::string> reduced_names;
+  std::vector<at::Tensor> buffers;
+  bool sync_buffers = false;
+  // World size 1: no reducer, nothing is exchanged; the assignment is informational.
+  std::shared_ptr<detail::Reducer> reducer;
+  detail::BucketAssignment local_assignment;
+  bool local_hook_registered = false;
+  std::shared_ptr<detail::TraceWriter> trace;
+  int no_sync_depth = 0;
+  int64_t forward_start_ns = 0;
+};
+
+namespace {
+
+std::shared_ptr<ProcessGroup> resolve_group(const DistributedDataParallelOptions& options) {
+  if (options.process_group()) return options.process_group();
+  TORCH_CHECK(is_initialized(), "DistributedDataParallel needs a process group, but the "
+              "default one is not initialised and DistributedDataParallelOptions::"
+              "process_group is not set. Call ddp::init_process_group() (or create a "
+              "ddp::ProcessGroupGuard) before constructing DistributedDataParallel, or pass "
+              "a group with DistributedDataParallelOptions().process_group(pg).");
+  return default_group();
+}
+
+void validate(const DistributedDataParallelOptions& o, int rank) {
+  TORCH_CHECK(std::isfinite(o.bucket_cap_mb()) && o.bucket_cap_mb() > 0,
+              "DistributedDataParallelOptions::bucket_cap_mb must be > 0, but got ",
+              o.bucket_cap_mb(), " (rank ", rank, ")");
+  TORCH_CHECK(o.device_ids().size() <= 1, "DistributedDataParallelOptions::device_ids must "
+              "name at most one device (this process's), but got ", o.device_ids().size(),
+              " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank, "). DDP drives one device per "
+              "process: pass {local_rank}, or leave it empty for a CPU module.");
+  for (int64_t id : o.device_ids()) {
+    TORCH_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ",
+                id, " (rank ", rank, ")");
+  }
+}
+
+void check_device(const DistributedDataParallelOptions& o, const std::string& name,
+                  const at::Tensor& p, int rank) {
+  if (o.device_ids().empty()) return;
+  const int64_t id = o.device_ids()[0];
+  TORCH_CHECK(!p.device().is_cpu() && p.device().index() == id, "DistributedDataParallel "
+              "on rank ", rank, ": device_ids is {", id, "}, but parameter '", name,
+              "' is on ", p.device(), ". DDP does not move the module: move it first "
+              "(model->to(device)), or leave device_ids empty for a CPU module.");
+}
+
+std::string format_double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+} // namespace
+
+DistributedDataParallelBase::DistributedDataParallelBase(
+    std::shared_ptr<torch::nn::Module> module, DistributedDataParallelOptions options)
+    : torch::nn::Module("DistributedDataParallel"), state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.pg = resolve_group(options);
+  const int rank = s.pg->rank();
+  validate(options, rank);
+  s.options = std::move(options);
+  register_module("module", module);
+
+  // Every parameter (frozen ones too) is checked and broadcast; those that require
+  // grad, each tensor once, are reduced.
+  detail::ModelDescription description;
+  std::vector<at::Tensor> state_tensors;
+  std::vector<at::Tensor> reduced;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    description.parameters.emplace_back(item.key(), p);
+    state_tensors.push_back(p);
+    if (!p.requires_grad()) continue;
+    check_device(s.options, item.key(), p, rank);
+    reduced.push_back(p);
+    s.reduced_names.push_back(item.key());
+  }
+  for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    description.buffers.emplace_back(item.key(), item.value());
+    state_tensors.push_back(item.value());
+    s.buffers.push_back(item.value());
+  }
+  const auto& o = s.options;
+  description.options = {
+      {"bucket_cap_mb", format_double(o.bucket_cap_mb())},
+      {"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"},
+      {"find_unused_parameters", o.find_unused_parameters() ? "true" : "false"},
+      {"gradient_as_bucket_view", o.gradient_as_bucket_view() ? "true" : "false"},
+      {"static_graph", o.static_graph() ? "true" : "false"}};
+
+  detail::verify_model_across_ranks(*s.pg, description);
+  TORCH_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank, ": the wrapped "
+              "module has no parameters that require grad (", description.parameters.size(),
+              " parameters, all frozen or none at all), so there is nothing to average. "
+              "Train it without DDP, or set requires_grad(true) on the parameters to train.");
+  // Everyone starts from rank 0's weights and buffers.
+  detail::broadcast_coalesced(*s.pg, state_tensors, /*src=*/0);
+
+  if (!o.trace_path().empty()) {
+    s.trace = std::make_shared<detail::TraceWriter>(
+        detail::trace_file_for_rank(o.trace_path(), rank), rank);
+    s.trace->name_track(detail::kMainTrack, "ddp");
+    s.trace->name_track(detail::kUserTrack, "user");
+    s.trace->flush();
+  }
+
+  detail::ReducerOptions ro;
+  ro.bucket_cap_bytes = static_cast<size_t>(o.bucket_cap_mb() * 1024.0 * 1024.0);
+  ro.bucket_cap_bytes = std::max<size_t>(ro.bucket_cap_bytes, 1);
+  ro.first_bucket_cap_bytes = std::min<size_t>(1024 * 1024, ro.bucket_cap_bytes);
+  ro.find_unused_parameters = o.find_unused_parameters();
+  ro.gradient_as_bucket_view = o.gradient_as_bucket_view();
+  ro.static_graph = o.static_graph();
+  if (s.pg->size() == 1) {
+    // Nothing to exchange: no hooks, no buckets, no broadcasts (see docs/ddp.md).
+    std::vector<detail::ParamSpec> specs;
+    for (const auto& p : reduced) specs.push_back({p.numel(), p.scalar_type(), p.device()});
+    s.local_assignment = detail::assign_buckets(specs, detail::reverse_order(specs.size()),
+                                                ro.first_bucket_cap_bytes, ro.bucket_cap_bytes);
+    return;
+  }
+  s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty();
+  s.reducer = detail::Reducer::create(std::move(reduced), s.reduced_names, s.pg, ro, s.trace);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+
+const DistributedDataParallelOptions& DistributedDataParallelBase::options() const {
+  return state_->options;
+}
+
+ProcessGroup& DistributedDataParallelBase::process_group() const { return *state_->pg; }
+
+const std::vector<std::string>& DistributedDataParallelBase::reduced_parameter_names() const {
+  return state_->reduced_names;
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallelBase::bucket_indices() const {
+  return state_->reducer ? state_->reducer->bucket_indices() : state_->local_assignment;
+}
+
+IterationStats DistributedDataParallelBase::last_iteration_stats() const {
+  return state_->reducer ? state_->reducer->last_stats() : IterationStats();
+}
+
+void DistributedDataParallelBase::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  TORCH_CHECK(hook, "register_comm_hook got a null hook");
+  if (state_->reducer) {
+    state_->reducer->register_comm_hook(std::move(hook));
+    return;
+  }
+  // World size 1 reduces nothing, so the hook never runs; the once-only rule holds.
+  TORCH_CHECK(!state_->local_hook_registered, "DistributedDataParallel on rank 0 of 1: a "
+              "comm hook is already registered; register_comm_hook can be called only "
+              "once, before the first backward.");
+  state_->local_hook_registered = true;
+}
+
+void DistributedDataParallelBase::register_comm_hook(CommHookFn hook) {
+  register_comm_hook(make_comm_hook(std::move(hook)));
+}
+
+NoSyncGuard DistributedDataParallelBase::no_sync() { return NoSyncGuard(*this); }
+
+trace::Scope DistributedDataParallelBase::trace_scope(std::string name) const {
+  return trace::Scope(*this, std::move(name));
+}
+
+std::shared_ptr<detail::TraceWriter> DistributedDataParallelBase::trace_writer() const {
+  return state_->trace;
+}
+
+bool DistributedDataParallelBase::before_forward() {
+  State& s = *state_;
+  if (s.trace) s.forward_start_ns = detail::steady_now_ns();
+  if (!s.reducer) return false;  // world size 1
+  s.reducer->before_forward();
+  if (!at::GradMode::is_enabled()) return false;
+  if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, /*src=*/0);
+  return s.no_sync_depth == 0 && s.reducer->needs_outputs();
+}
+
+void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs,
+                                                const char* output_type) {
+  State& s = *state_;
+  if (s.trace) {
+    const int64_t now = detail::steady_now_ns();
+    s.trace->complete("forward", detail::kMainTrack, detail::trace_us(s.forward_start_ns),
+                      (now - s.forward_start_ns) / 1000);
+  }
+  if (!s.reducer) return;
+  const bool sync = s.no_sync_depth == 0;
+  TORCH_CHECK(output_type == nullptr, "DistributedDataParallel on rank ", s.pg->rank(),
+              ": find_unused_parameters needs the tensors of forward's output to find the "
+              "unused parameters, but forward returned a ", c10::demangle(output_type),
+              ", which DDP cannot search. Return a Tensor, std::vector, std::tuple, "
+              "std::pair or c10::IValue, or specialise ddp::OutputTensors for this type "
+              "(see ddp/output_tensors.h).");
+  s.reducer->after_forward(outputs, sync);
+}
+
+NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& model) : model_(&model) {
+  ++model_->state_->no_sync_depth;
+}
+
+NoSyncGuard::~NoSyncGuard() { --model_->state_->no_sync_depth; }
+
+} // namespace ddp

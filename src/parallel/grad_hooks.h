@@ -1,0 +1,52 @@
+#pragma once
+
+// One post hook per parameter's gradient accumulator: "this parameter's gradient is
+// ready". The hooks are removed again when this object dies.
+//
+// Note [Holding gradient accumulators]
+// A leaf tensor keeps only a weak reference to its AccumulateGrad node; the graph
+// built by each forward holds the strong ones. Between iterations nothing does, the
+// node would die, and the next forward would create a fresh one without our hook.
+// So the accumulators are held here for DDP's lifetime, as c10d's reducer does.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace torch {
+namespace autograd {
+struct Node;
+} // namespace autograd
+} // namespace torch
+
+namespace ddp {
+namespace detail {
+
+class GradHooks {
+ public:
+  using OnReady = std::function<void(size_t index)>;
+
+  /// Registers a hook on params[i]'s accumulator that calls on_ready(i) after the
+  /// gradient has been accumulated into params[i].grad(). The params must be leaves
+  /// that require grad.
+  GradHooks(const std::vector<at::Tensor>& params, OnReady on_ready);
+  ~GradHooks();
+  GradHooks(const GradHooks&) = delete;
+  GradHooks& operator=(const GradHooks&) = delete;
+
+  /// accumulators()[i] is params[i]'s AccumulateGrad node.
+  const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators() const {
+    return accumulators_;
+  }
+
+ private:
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> keys_;
+};
+
+} // namespace detail
+} // namespace ddp

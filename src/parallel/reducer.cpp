@@ -1,0 +1,265 @@
+#include "parallel/reducer.h"
+
+#include "parallel/graph_walk.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+
+namespace ddp {
+namespace detail {
+
+std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params,
+                                         std::vector<std::string> names,
+                                         std::shared_ptr<ProcessGroup> pg,
+                                         ReducerOptions options,
+                                         std::shared_ptr<TraceWriter> trace) {
+  std::shared_ptr<Reducer> reducer(new Reducer(std::move(params), std::move(names),
+                                               std::move(pg), options, std::move(trace)));
+  // The hooks need a weak_ptr to the reducer, which exists only now.
+  std::weak_ptr<Reducer> weak = reducer;
+  reducer->hooks_ = std::make_unique<GradHooks>(reducer->params_, [weak](size_t i) {
+    if (auto self = weak.lock()) self->on_grad_ready(i);
+  });
+  return reducer;
+}
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<ProcessGroup> pg, ReducerOptions options,
+                 std::shared_ptr<TraceWriter> trace)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      pg_(std::move(pg)),
+      options_(options),
+      trace_(std::move(trace)),
+      comm_hook_(comm_hooks::allreduce_hook()) {
+  const size_t n = params_.size();
+  for (const auto& p : params_) specs_.push_back(ParamSpec{p.numel(), p.scalar_type(), p.device()});
+  ready_.assign(n, false);
+  unused_.assign(n, false);
+  locally_used_.assign(n, false);
+  hook_calls_.assign(n, 0);
+  // See Note [Bucket order]: reverse parameter order until the real order is known.
+  install_buckets(assign_buckets(specs_, reverse_order(n), options_.first_bucket_cap_bytes,
+                                 options_.bucket_cap_bytes));
+}
+
+// Hooks are removed by ~GradHooks; a callback still queued holds only a weak_ptr.
+Reducer::~Reducer() = default;
+
+void Reducer::install_buckets(const BucketAssignment& assignment) {
+  assignment_ = assignment;
+  buckets_ = make_buckets(params_, assignment_);
+  slots_ = locate_params(assignment_, params_.size());
+  if (!options_.gradient_as_bucket_view) return;
+  // Gradients that already exist move into the buckets, as PyTorch does; the others
+  // are adopted when they first arrive (mark_ready).
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& grad = params_[i].mutable_grad();
+    if (!grad.defined()) continue;
+    const at::Tensor& view = buckets_[slots_[i].bucket].views[slots_[i].index];
+    view.copy_(grad);
+    grad = view;
+  }
+}
+
+// ---- forward side -------------------------------------------------------------------
+
+bool Reducer::records_ready_order() const {
+  // Rebuilt once, from the first reduced iteration, as PyTorch does; a graph that may
+  // change (find_unused_parameters without static_graph) keeps its initial buckets.
+  return !rebuilt_ && num_reduced_ == 0 &&
+         (options_.static_graph || !options_.find_unused_parameters);
+}
+
+void Reducer::before_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kUnfinished || phase_ == Phase::kReducing) fail_unfinished();
+  if (at::GradMode::is_enabled()) maybe_rebuild_buckets();
+}
+
+void Reducer::maybe_rebuild_buckets() {
+  if (rebuilt_ || num_reduced_ == 0) return;
+  rebuilt_ = true;
+  if (!(options_.static_graph || !options_.find_unused_parameters)) return;
+
+  // Our order: gradients as they arrived, then any that never did (reverse order).
+  const size_t n = params_.size();
+  std::vector<int64_t> order;
+  std::vector<bool> seen(n, false);
+  for (size_t i : ready_order_) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    seen[i] = true;
+  }
+  for (size_t i : reverse_order(n)) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  ready_order_.clear();
+
+  // Rank 0's order wins, so every rank launches the same buckets in the same order.
+  at::Tensor wire = at::tensor(order, at::kLong);
+  // mutated
+  std::vector<size_t> agreed(n);
+  const int64_t* data = wire.data_ptr<int64_t>();
+  for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(data[k]);
+  install_buckets(assign_buckets(specs_, agreed, options_.first_bucket_cap_bytes,
+                                 options_.bucket_cap_bytes));
+}
+
+bool Reducer::needs_outputs() const {
+  return options_.find_unused_parameters && !options_.static_graph;
+}
+
+void Reducer::after_forward(const std::vector<at::Tensor>& outputs, bool sync) {
+  if (!at::GradMode::is_enabled()) return;  // no graph: no backward to reduce
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync) {
+    phase_ = Phase::kLocal;
+    return;
+  }
+  phase_ = Phase::kArmed;
+  forward_end_ns_ = steady_now_ns();
+  std::fill(unused_.begin(), unused_.end(), false);
+  if (options_.static_graph) {
+    if (num_reduced_ > 0) {
+      for (size_t i = 0; i < params_.size(); ++i) unused_[i] = expected_calls_[i] == 0;
+    }
+  } else if (options_.find_unused_parameters) {
+    const auto reached = reached_accumulators(outputs, hooks_->accumulators());
+    for (size_t i = 0; i < params_.size(); ++i) unused_[i] = !reached[i];
+  }
+}
+
+// ---- backward side ------------------------------------------------------------------
+
+void Reducer::on_grad_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  locally_used_[index] = true;
+  switch (phase_) {
+    case Phase::kLocal:
+      return;  // no_sync: the gradient stays where the engine put it
+    case Phase::kIdle:
+      fail_backward_without_forward(index);
+    case Phase::kUnfinished:
+      fail_unfinished();
+    case Phase::kArmed:
+      begin_backward();
+      break;
+    case Phase::kReducing:
+      break;
+  }
+
+  if (options_.static_graph) {
+    const int calls = ++hook_calls_[index];
+    if (num_reduced_ == 0) {
+      // First iteration: count arrivals, reduce everything in finalize_backward.
+      if (calls == 1) ready_order_.push_back(index);
+      return;
+    }
+    if (calls > expected_calls_[index]) fail_static_graph_changed(index, calls);
+    if (calls < expected_calls_[index]) return;
+  }
+  if (ready_[index]) fail_ready_twice(index);
+  if (records_ready_order()) ready_order_.push_back(index);
+  mark_ready(index);
+}
+
+void Reducer::begin_backward() {
+  phase_ = Phase::kReducing;
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  // See Note [End-of-backward callback].
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto self = weak.lock()) self->finalize_backward();
+  });
+  if (static_first_iteration()) return;
+  // Unused parameters contribute zeros (or what they accumulated under no_sync). They
+  // are marked now, not in forward, so nothing is launched before backward starts.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (unused_[i]) mark_ready(i);
+  }
+}
+
+void Reducer::mark_ready(size_t index) {
+  const Slot slot = slots_[index];
+  Bucket& bucket = buckets_[slot.bucket];
+  const at::Tensor& view = bucket.views[slot.index];
+  const at::Tensor& grad = params_[index].grad();
+  {
+    at::NoGradGuard no_grad;
+    if (!grad.defined()) {
+      view.zero_();
+    } else {
+      TORCH_CHECK(!grad.is_sparse(), "DistributedDataParallel", where(), ": parameter '",
+                  names_[index], "' has a sparse gradient, which DDP does not reduce. Use a "
+                  "dense gradient (e.g. Embedding without sparse=true).");
+      if (!options_.gradient_as_bucket_view) {
+        view.copy_(grad);
+      } else if (!grad.is_alias_of(view)) {
+        // First arrival (or after zero_grad(set_to_none)): adopt the bucket view, so
+        // later backward passes accumulate straight into the bucket.
+        view.copy_(grad);
+        params_[index].mutable_grad() = view;
+      }
+    }
+  }
+  ready_[index] = true;
+  TORCH_INTERNAL_ASSERT(bucket.pending > 0, "bucket ", slot.bucket, " over-counted");
+  if (--bucket.pending > 0) return;
+  // See Note [Bucket order]: launch strictly in order.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    launch(next_bucket_++);
+  }
+}
+
+void Reducer::launch(size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::vector<at::Tensor> params;
+  params.reserve(bucket.params.size());
+  for (size_t i : bucket.params) params.push_back(params_[i]);
+  GradBucket grad_bucket(b, buckets_.size(), bucket.buffer, std::move(params), bucket.offsets,
+                         *pg_);
+  // A fresh timing record per launch: a completion callback of an earlier iteration
+  // that runs late cannot overwrite this one.
+  auto timing = std::make_shared<BucketTiming>();
+  timing->launch_ns = steady_now_ns();
+  bucket.timing = timing;
+  auto future = comm_hook_->run_hook(grad_bucket);
+  TORCH_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
+              "' returned a null future for bucket ", b, "; a hook must return the future "
+              "of its reduction.");
+  future->addCallback([timing](c10::ivalue::Future&) { timing->done_ns = steady_now_ns(); });
+  bucket.future = std::move(future);
+}
+
+// ---- configuration and queries ------------------------------------------------------
+
+void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  TORCH_CHECK(hook, "register_comm_hook got a null hook");
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!custom_hook_, "DistributedDataParallel", where(), ": a comm hook ('",
+              comm_hook_->name(), "') is already registered; register_comm_hook can be "
+              "called only once, before the first backward.");
+  TORCH_CHECK(num_reduced_ == 0 && phase_ != Phase::kReducing, "DistributedDataParallel",
+              where(), ": register_comm_hook('", hook->name(), "') must be called before "
+              "the first backward, but ", num_reduced_, " iteration(s) were already reduced "
+              "with '", comm_hook_->name(), "'. Register the hook right after constructing "
+              "DDP, on every rank.");
+  comm_hook_ = std::move(hook);
+  custom_hook_ = true;
+}
+
+BucketAssignment Reducer::bucket_indices() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return assignment_;
+}
+
+IterationStats Reducer::last_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_stats_;
+}
+
+} // namespace detail
+} // namespace ddp

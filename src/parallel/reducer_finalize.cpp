@@ -1,0 +1,206 @@
+// The end of backward: wait for the buckets, write the averages back, reset.
+// See Note [End-of-backward callback] in reducer.h.
+
+#include "parallel/reducer.h"
+
+#include <ddp/errors.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+double ms_between(int64_t start_ns, int64_t end_ns) {
+  return static_cast<double>(end_ns - start_ns) / 1e6;
+}
+
+bool mentions_timeout(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text.find("timed out") != std::string::npos ||
+         text.find("timeout") != std::string::npos;
+}
+
+// The hook's result: a Tensor, or a list whose first element is one.
+at::Tensor hook_result(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor();
+  if (value.isTensorList()) {
+    auto list = value.toTensorVector();
+    if (!list.empty()) return list[0];
+  }
+  if (value.isList()) {
+    auto list = value.toList();
+    if (list.size() > 0 && list.get(0).isTensor()) return list.get(0).toTensor();
+  }
+  return at::Tensor();
+}
+
+} // namespace
+
+void Reducer::finalize_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ != Phase::kReducing) return;  // nothing armed this iteration
+  const int64_t finalize_start_ns = steady_now_ns();
+
+  IterationStats stats;
+  stats.iteration = num_reduced_ + 1;
+  stats.num_buckets = buckets_.size();
+  stats.backward_ms = ms_between(forward_end_ns_, finalize_start_ns);
+  stats.buckets_launched_before_end = next_bucket_;
+  for (size_t b = 0; b < next_bucket_; ++b) {
+    stats.buckets_done_before_end += buckets_[b].future->completed() ? 1 : 0;
+  }
+
+  if (static_first_iteration()) {
+    // All arrivals are counted; now reduce everything, in bucket order.
+    expected_calls_ = hook_calls_;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) mark_ready(i);
+    }
+  }
+
+  missing_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) missing_.push_back(i);
+  }
+  const int64_t wait_start_ns = steady_now_ns();
+  if (!missing_.empty()) {
+    // Every rank that misses the same gradients launched the same buckets; finish
+    // them so no collective is left running on our buffers, then report at the next
+    // forward (see Note [Iteration phases]).
+    phase_ = Phase::kUnfinished;
+    wait_for_buckets(stats);
+    return;
+  }
+
+  const std::vector<int> use = global_use();
+  wait_for_buckets(stats);
+  const int64_t wait_end_ns = steady_now_ns();
+  stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
+  write_back(use);
+  if (static_first_iteration()) static_global_use_ = use;
+  ++num_reduced_;
+  reset_iteration();
+  last_stats_ = stats;
+  if (trace_) record_trace(stats, finalize_start_ns, wait_start_ns, wait_end_ns);
+}
+
+std::vector<int> Reducer::global_use() {
+  const bool needed = options_.find_unused_parameters || options_.static_graph;
+  if (!needed) return {};
+  if (options_.static_graph && !static_first_iteration() && !static_global_use_.empty()) {
+    return static_global_use_;
+  }
+  // How many ranks produced a gradient for each parameter: one that no rank used
+  // keeps its .grad() untouched instead of getting a zero.
+  at::Tensor counts = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  int* data = counts.data_ptr<int>();
+  for (size_t i = 0; i < params_.size(); ++i) data[i] = locally_used_[i] ? 1 : 0;
+  pg_->all_reduce(counts, ReduceOp::SUM);
+  return std::vector<int>(data, data + params_.size());
+}
+
+void Reducer::wait_for_buckets(IterationStats& stats) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (!bucket.future) continue;
+    bucket.future->wait();
+    const int64_t now = steady_now_ns();
+    if (bucket.future->hasError()) {
+      const std::string cause = bucket.future->tryRetrieveErrorMessage();
+      const std::string text = "DistributedDataParallel" + where() + ": the reduction of "
+                               "bucket " + std::to_string(b) + " (" +
+                               std::to_string(bucket.params.size()) + " parameters, " +
+                               std::to_string(bucket.bytes()) + " bytes, comm hook '" +
+                               comm_hook_->name() + "') failed. Cause: " + cause;
+      if (mentions_timeout(cause)) {
+        throw TimeoutError(text + ". A peer did not take part in time: check that every "
+                           "rank runs the same number of forward/backward iterations.");
+      }
+      throw ProcessGroupError(text + ". The process group is broken; recreate it.");
+    }
+    at::Tensor result = hook_result(bucket.future->value());
+    TORCH_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
+                "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
+                "' completed bucket ", b, " with ",
+                result.defined() ? std::to_string(result.numel()) + " elements"
+                                 : std::string("no tensor"),
+                ", but the bucket has ", bucket.buffer.numel(), ". A hook's future must "
+                "yield the reduced flat buffer (a Tensor or a list holding one).");
+    if (!result.is_same(bucket.buffer)) {
+      at::NoGradGuard no_grad;
+      bucket.buffer.copy_(result.reshape({-1}));
+    }
+    const int64_t done = bucket.timing->done_ns.load();
+    const double ms = ms_between(bucket.timing->launch_ns.load(), done != 0 ? done : now);
+    stats.bucket_bytes.push_back(bucket.bytes());
+    stats.bucket_allreduce_ms.push_back(ms);
+    stats.allreduce_total_ms += ms;
+  }
+}
+
+void Reducer::write_back(const std::vector<int>& global_use) {
+  at::NoGradGuard no_grad;
+  for (const Bucket& bucket : buckets_) {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      if (!global_use.empty() && global_use[i] == 0) continue;  // no rank used it
+      at::Tensor& grad = params_[i].mutable_grad();
+      const at::Tensor& view = bucket.views[k];
+      if (options_.gradient_as_bucket_view) {
+        if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
+      } else if (!grad.defined()) {
+        grad = view.clone();  // used on another rank only
+      } else {
+        grad.copy_(view);
+      }
+    }
+  }
+}
+
+void Reducer::reset_iteration() {
+  phase_ = Phase::kIdle;
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(unused_.begin(), unused_.end(), false);
+  std::fill(locally_used_.begin(), locally_used_.end(), false);
+  std::fill(hook_calls_.begin(), hook_calls_.end(), 0);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.future.reset();
+  }
+  next_bucket_ = 0;
+}
+
+void Reducer::record_trace(const IterationStats& stats, int64_t finalize_start_ns,
+                           int64_t wait_start_ns, int64_t wait_end_ns) {
+  const std::string iter = "\"iteration\":" + std::to_string(stats.iteration);
+  trace_->complete("backward", kMainTrack, trace_us(forward_end_ns_),
+                   (finalize_start_ns - forward_end_ns_) / 1000,
+                   iter + ",\"buckets_launched_before_end\":" +
+                       std::to_string(stats.buckets_launched_before_end) +
+                       ",\"buckets_done_before_end\":" +
+                       std::to_string(stats.buckets_done_before_end));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    trace_->name_track(kBucketTrack + static_cast<int>(b), "bucket " + std::to_string(b));
+    const int64_t launch = bucket.timing->launch_ns.load();
+    const int64_t done = bucket.timing->done_ns.load();
+    trace_->complete("all_reduce", kBucketTrack + static_cast<int>(b), trace_us(launch),
+                     ((done != 0 ? done : wait_end_ns) - launch) / 1000,
+                     iter + ",\"bucket\":" + std::to_string(b) + ",\"bytes\":" +
+                         std::to_string(bucket.bytes()) + ",\"parameters\":" +
+                         std::to_string(bucket.params.size()) + ",\"hook\":" +
+                         json_quote(comm_hook_->name()));
+  }
+  trace_->complete("backward.wait", kMainTrack, trace_us(wait_start_ns),
+                   (wait_end_ns - wait_start_ns) / 1000, iter);
+  trace_->flush();
+}
+
+} // namespace detail
+} // namespace ddp

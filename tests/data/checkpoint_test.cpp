@@ -1,0 +1,536 @@
+// Checkpoints in one process: state dicts with Python's keys, exact resume of SGD/Adam/
+// AdamW, RNG and sampler state, errors that change nothing, and a checkpoint directory.
+
+#include "data/data_test_util.h"
+#include "support/harness.h"
+
+#include <ddp/checkpoint.h>
+#include <ddp/sampler.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/nn.h>
+#include <torch/optim.h>
+
+#include <fstream>
+#include <memory>
+
+using ddp::Checkpoint;
+using ddp::CheckpointOptions;
+using ddp_test::error_of;
+using ddp_test::Net;
+using ddp_test::same_bits;
+
+namespace {
+
+// Fixed, step-dependent data: a rerun of step s sees the same batch.
+std::pair<at::Tensor, at::Tensor> batch_for(int64_t step) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  return {at::randn({4, 1, 6, 6}, gen), at::randn({4, 3}, gen)};
+}
+
+void train(Net& net, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
+  for (int64_t s = from; s < to; ++s) {
+    const auto b = batch_for(s);
+    opt.zero_grad();
+    torch::mse_loss(net->forward(b.first), b.second).backward();
+    opt.step();
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, Net& net,
+                                                        double lr) {
+  if (kind == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(lr).momentum(0.9).weight_decay(1e-4));
+  }
+  if (kind == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        net->parameters(), torch::optim::AdamOptions(lr).weight_decay(1e-4));
+  }
+  if (kind == "amsgrad") {
+    return std::make_unique<torch::optim::Adam>(net->parameters(),
+                                                torch::optim::AdamOptions(lr).amsgrad(true));
+  }
+  return std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                               torch::optim::AdamWOptions(lr));
+}
+
+Net make_net(uint64_t seed) {
+  torch::manual_seed(seed);
+  return Net();
+}
+
+// Copies of every tensor of the model's state dict.
+std::vector<at::Tensor> snapshot(const torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& e : ddp::model_state_dict(m)) out.push_back(e.value().clone());
+  return out;
+}
+
+bool unchanged(const torch::nn::Module& m, const std::vector<at::Tensor>& before) {
+  const auto now = ddp::model_state_dict(m);
+  size_t i = 0;
+  for (const auto& e : now) {
+    if (!same_bits(e.value(), before[i++])) return false;
+  }
+  return i == before.size();
+}
+
+void expect_same_model(const torch::nn::Module& a, const torch::nn::Module& b) {
+  const auto da = ddp::model_state_dict(a);
+  const auto db = ddp::model_state_dict(b);
+  ASSERT_EQ(da.size(), db.size());
+  for (const auto& e : da) {
+    EXPECT_TRUE(same_bits(e.value(), db.at(e.key()))) << e.key() << " differs";
+  }
+}
+
+} // namespace
+
+// ---- State dicts -------------------------------------------------------------------
+
+TEST(StateDictTest, KeysAndOrderFollowPython) {
+  Net net;
+  std::vector<std::string> keys;
+  for (const auto& e : ddp::model_state_dict(*net)) keys.push_back(e.key());
+  // Python's Module.state_dict(): own parameters, own buffers, then children in order.
+  const std::vector<std::string> python{
+      "conv1.weight",      "conv1.bias",         "bn1.weight",    "bn1.bias",
+      "bn1.running_mean",  "bn1.running_var",    "bn1.num_batches_tracked",
+      "head.0.weight",     "head.0.bias",        "head.2.weight", "head.2.bias"};
+  EXPECT_EQ(keys, python);
+  // The entries are the model's tensors, not copies.
+  EXPECT_EQ(ddp::model_state_dict(*net).at("conv1.weight").data_ptr(),
+            net->conv1->weight.data_ptr());
+}
+
+TEST(StateDictTest, BiasFreeLayerHasNoBiasKey) {
+  torch::nn::Linear fc(torch::nn::LinearOptions(3, 2).bias(false));
+  const auto sd = ddp::model_state_dict(*fc);
+  EXPECT_EQ(sd.size(), 1u);
+  EXPECT_TRUE(sd.contains("weight"));
+}
+
+TEST(StateDictTest, SaveAndReadRoundTrip) {
+  ddp_test::TempDir dir;
+  Net a = make_net(1);
+  auto opt = make_optimizer("sgd", a, 0.1);
+  train(a, *opt, 0, 1);  // moves the BatchNorm buffers off their initial values
+  ddp::save_model_state_dict(*a, dir.file("sd.pt"));
+  Net b = make_net(2);
+  ddp::load_model_state_dict(*b, ddp::read_state_dict(dir.file("sd.pt")));
+  expect_same_model(*a, *b);
+}
+
+TEST(StateDictTest, LoadChecksEveryKeyAndShapeBeforeCopying) {
+  Net net = make_net(3);
+  const auto before = snapshot(*net);
+  Net donor = make_net(4);
+  auto sd = ddp::model_state_dict(*donor);
+
+  c10::Dict<std::string, at::Tensor> missing = sd.copy();
+  missing.erase("bn1.running_var");
+  std::string msg = error_of([&] { ddp::load_model_state_dict(*net, missing); });
+  EXPECT_NE(msg.find("Missing key(s) that the model has: 'bn1.running_var'"), std::string::npos)
+      << msg;
+
+  c10::Dict<std::string, at::Tensor> extra = sd.copy();
+  extra.insert("fc9.weight", at::zeros({1}));
+  msg = error_of([&] { ddp::load_model_state_dict(*net, extra); });
+  EXPECT_NE(msg.find("Unexpected key(s) that the model does not have: 'fc9.weight'"),
+            std::string::npos)
+      << msg;
+
+  c10::Dict<std::string, at::Tensor> shaped = sd.copy();
+  shaped.insert_or_assign("head.2.weight", at::zeros({4, 8}));
+  msg = error_of([&] { ddp::load_model_state_dict(*net, shaped); });
+  EXPECT_NE(msg.find("Size mismatch for 'head.2.weight': the checkpoint has shape [4, 8], the "
+                     "model has [3, 8]"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("nothing was loaded"), std::string::npos) << msg;
+  EXPECT_TRUE(unchanged(*net, before)) << "a refused state dict changed the model";
+
+  ddp::load_model_state_dict(*net, sd);
+  expect_same_model(*net, *donor);
+}
+
+// ---- Resume --------------------------------------------------------------------------
+
+class CheckpointResumeTest : public ::testing::TestWithParam<std::string> {};
+
+// Train 3 steps, checkpoint, train 3 more; separately load the checkpoint into a
+// differently initialised model and optimizer (other lr too) and train the same 3 steps.
+// Bit-identical, so every piece of optimizer state and every hyperparameter came back.
+TEST_P(CheckpointResumeTest, ContinuesBitIdentically) {
+  ddp_test::TempDir dir;
+  Net a = make_net(1);
+  auto opt_a = make_optimizer(GetParam(), a, 0.05);
+  train(a, *opt_a, 0, 3);
+  ddp::CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
+  extra.insert("note", std::string("mid-run"));
+  ddp::save_checkpoint(dir.file("c.pt"),
+                       Checkpoint(*a).optimizer(opt_a.get()).epoch(2).step(3).extra(extra));
+  train(a, *opt_a, 3, 6);
+
+  Net b = make_net(2);
+  auto opt_b = make_optimizer(GetParam(), b, 0.5);
+  Checkpoint ck(*b);
+  ck.optimizer(opt_b.get());
+  ddp::load_checkpoint(dir.file("c.pt"), ck);
+  EXPECT_EQ(ck.epoch(), 2);
+  EXPECT_EQ(ck.step(), 3);
+  ASSERT_TRUE(ck.extra().contains("note"));
+  EXPECT_EQ(ck.extra().at("note").toStringRef(), "mid-run");
+  train(b, *opt_b, 3, 6);
+  expect_same_model(*a, *b);
+
+  // Control: the model alone, with a fresh optimizer, does not continue the same way.
+  Net c = make_net(2);
+  auto opt_c = make_optimizer(GetParam(), c, 0.05);
+  Checkpoint model_only(*c);
+  ddp::load_checkpoint(dir.file("c.pt"), model_only);
+  train(c, *opt_c, 3, 6);
+  EXPECT_FALSE(same_bits(c->conv1->weight, a->conv1->weight))
+      << "the optimizer state made no difference: the test could not fail";
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, CheckpointResumeTest,
+                         ::testing::Values("sgd", "adam", "amsgrad", "adamw"));
+
+TEST(CheckpointTest, RestoresTheRngState) {
+  ddp_test::TempDir dir;
+  Net net;
+  torch::manual_seed(5);
+  ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net));
+  const at::Tensor first = torch::rand({8});
+  torch::rand({100});
+  Checkpoint ck(*net);
+  ddp::load_checkpoint(dir.file("c.pt"), ck);
+  EXPECT_TRUE(same_bits(torch::rand({8}), first));
+  // rng(false) leaves the generator alone.
+  const at::Tensor next = torch::rand({8});
+  Checkpoint keep(*net);
+  keep.rng(false);
+  ddp::load_checkpoint(dir.file("c.pt"), keep);
+  EXPECT_FALSE(same_bits(torch::rand({8}), first));
+  (void)next;
+}
+
+TEST(CheckpointTest, RestoresTheSamplerPosition) {
+  ddp_test::TempDir dir;
+  Net net;
+  const auto options = ddp::DistributedSamplerOptions().num_replicas(1).rank(0).seed(8);
+  ddp::DistributedSampler sampler(40, options);
+  sampler.set_epoch(3);
+  sampler.next(5);
+  sampler.next(5);
+  ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net).sampler(&sampler));
+  const std::vector<size_t> rest(sampler.indices().begin() + 10, sampler.indices().end());
+
+  ddp::DistributedSampler fresh(40, options);
+  Checkpoint ck(*net);
+  ck.sampler(&fresh);
+  ddp::load_checkpoint(dir.file("c.pt"), ck);
+  fresh.set_epoch(3);
+  std::vector<size_t> got;
+  while (auto b = fresh.next(7)) got.insert(got.end(), b->begin(), b->end());
+  EXPECT_EQ(got, rest);
+}
+
+// ---- Errors ----------------------------------------------------------------------------
+
+class CheckpointErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    net = make_net(1);
+    opt = make_optimizer("sgd", net, 0.1);
+    train(net, *opt, 0, 2);
+    sampler = std::make_unique<ddp::DistributedSampler>(
+        40, ddp::DistributedSamplerOptions().num_replicas(2).rank(0));
+    sampler->next(4);
+    ddp::save_checkpoint(dir.file("good.pt"),
+                         Checkpoint(*net).optimizer(opt.get()).sampler(sampler.get()));
+    // The target: another model/optimizer/sampler whose state must survive a refusal.
+    target = make_net(2);
+    target_opt = make_optimizer("sgd", target, 0.1);
+    train(target, *target_opt, 5, 6);
+    target_sampler = std::make_unique<ddp::DistributedSampler>(
+        40, ddp::DistributedSamplerOptions().num_replicas(2).rank(0));
+    target_sampler->next(2);
+    before = snapshot(*target);
+  }
+
+  // Sum of every momentum buffer: changes if any optimizer state is touched.
+  double momentum_sum() const {
+    double sum = 0;
+    for (const auto& entry : target_opt->state()) {
+      sum += static_cast<const torch::optim::SGDParamState&>(*entry.second)
+                 .momentum_buffer()
+                 .sum()
+                 .item<double>();
+    }
+    return sum;
+  }
+
+  std::string load(const std::string& path) {
+    Checkpoint ck(*target);
+    ck.optimizer(target_opt.get()).sampler(target_sampler.get());
+    const double momentum_before = momentum_sum();
+    torch::manual_seed(77);
+    const std::string msg = error_of([&] { ddp::load_checkpoint(path, ck); });
+    const at::Tensor drawn = torch::rand({3});
+    // Nothing changed: model, optimizer hyperparameters and state, sampler, RNG.
+    EXPECT_TRUE(unchanged(*target, before)) << "the model changed on: " << msg;
+    EXPECT_EQ(target_sampler->position(), 2u) << "the sampler changed on: " << msg;
+    EXPECT_EQ(target_opt->param_groups()[0].options().get_lr(), 0.1) << msg;
+    EXPECT_EQ(momentum_sum(), momentum_before) << "the optimizer state changed on: " << msg;
+    torch::manual_seed(77);
+    EXPECT_TRUE(same_bits(drawn, torch::rand({3}))) << "the RNG changed on: " << msg;
+    return msg;
+  }
+
+  std::string write_bytes(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir.file(name), std::ios::binary) << bytes;
+    return dir.file(name);
+  }
+
+  std::string good_bytes() {
+    std::ifstream in(dir.file("good.pt"), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  ddp_test::TempDir dir;
+  Net net{nullptr}, target{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> opt, target_opt;
+  std::unique_ptr<ddp::DistributedSampler> sampler, target_sampler;
+  std::vector<at::Tensor> before;
+};
+
+TEST_F(CheckpointErrorTest, MissingFile) {
+  const std::string msg = load(dir.file("nope.pt"));
+  EXPECT_NE(msg.find("nope.pt'): no such file"), std::string::npos) << msg;
+}
+
+TEST_F(CheckpointErrorTest, TruncatedFile) {
+  const std::string bytes = good_bytes();
+  for (size_t keep : {size_t{0}, size_t{100}, bytes.size() / 2, bytes.size() - 1}) {
+    const std::string msg = load(write_bytes("cut.pt", bytes.substr(0, keep)));
+    EXPECT_NE(msg.find("the file is truncated or corrupt (" + std::to_string(keep) + " bytes"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+// A flipped bit inside a tensor's bytes or inside the pickled structure is caught (the
+// zip records carry CRC-32s), not loaded as a silently different value.
+TEST_F(CheckpointErrorTest, CorruptBytes) {
+  const std::string bytes = good_bytes();
+  const at::Tensor w = net->conv1->weight.detach().contiguous();
+  const std::string weight_bytes(static_cast<const char*>(w.data_ptr()), w.nbytes());
+  for (const std::string& needle : {weight_bytes, std::string("momentum_buffer")}) {
+    const size_t at = bytes.find(needle);
+    ASSERT_NE(at, std::string::npos);
+    std::string bad = bytes;
+    bad[at + needle.size() / 2] = static_cast<char>(bad[at + needle.size() / 2] ^ 0x10);
+    const std::string msg = load(write_bytes("bad.pt", bad));
+    EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(CheckpointErrorTest, OtherArchitecture) {
+  // Same structure but a wider head: a shape mismatch, named.
+  struct WideImpl : torch::nn::Module {
+    WideImpl() {
+      register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
+      register_module("bn1", torch::nn::BatchNorm2d(4));
+      register_module("head", torch::nn::Sequential(torch::nn::Linear(64, 8), torch::nn::ReLU(),
+                                                    torch::nn::Linear(8, 5)));
+    }
+  };
+  auto wide = std::make_shared<WideImpl>();
+  ddp::save_checkpoint(dir.file("wide.pt"), Checkpoint(*wide));
+  Checkpoint ck(*target);
+  ck.rng(false);
+  const auto before_wide = snapshot(*target);
+  const std::string msg = error_of([&] { ddp::load_checkpoint(dir.file("wide.pt"), ck); });
+  EXPECT_NE(msg.find("Size mismatch for 'head.2.weight': the checkpoint has shape [5, 8], the "
+                     "model has [3, 8]"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("wide.pt')"), std::string::npos) << msg;
+  EXPECT_TRUE(unchanged(*target, before_wide));
+}
+
+TEST_F(CheckpointErrorTest, OtherOptimizerType) {
+  auto adam = make_optimizer("adam", target, 0.1);
+  Checkpoint ck(*target);
+  ck.optimizer(adam.get());
+  const std::string msg = error_of([&] { ddp::load_checkpoint(dir.file("good.pt"), ck); });
+  EXPECT_NE(msg.find("holds SGD optimizer state, but the optimizer is Adam"), std::string::npos)
+      << msg;
+  EXPECT_TRUE(unchanged(*target, before));
+}
+
+TEST_F(CheckpointErrorTest, OptimizerOverOtherParameters) {
+  // An optimizer over the head only: other parameter count in its group.
+  torch::optim::SGD head_only(target->head->parameters(), torch::optim::SGDOptions(0.1));
+  Checkpoint ck(*target);
+  ck.optimizer(&head_only);
+  const std::string msg = error_of([&] { ddp::load_checkpoint(dir.file("good.pt"), ck); });
+  EXPECT_NE(msg.find("param_groups[0] has 8 parameter(s) in the checkpoint, but 4 in this "
+                     "optimizer"),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(CheckpointErrorTest, MidEpochSamplerFromAnotherWorldSize) {
+  ddp::DistributedSampler three(40, ddp::DistributedSamplerOptions().num_replicas(3).rank(1));
+  Checkpoint ck(*target);
+  ck.sampler(&three).rng(false);
+  const std::string msg = error_of([&] { ddp::load_checkpoint(dir.file("good.pt"), ck); });
+  EXPECT_NE(msg.find("saved mid-epoch (epoch 0, position 4 of 20 samples per rank) by 2 ranks, "
+                     "but this sampler has num_replicas=3"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(unchanged(*target, before));
+
+  // At an epoch boundary another world size is fine: only the epoch carries over.
+  sampler->set_epoch(6);
+  ddp::save_checkpoint(dir.file("boundary.pt"), Checkpoint(*net).sampler(sampler.get()));
+  ddp::load_checkpoint(dir.file("boundary.pt"), ck);
+  EXPECT_EQ(three.epoch(), 6);
+  EXPECT_EQ(three.position(), 0u);
+}
+
+TEST_F(CheckpointErrorTest, PartsThatWereNotSaved) {
+  ddp::save_checkpoint(dir.file("bare.pt"), Checkpoint(*net).rng(false));
+  std::string msg = load(dir.file("bare.pt"));
+  EXPECT_NE(msg.find("the checkpoint has no 'optimizer'"), std::string::npos) << msg;
+  Checkpoint ck(*target);
+  msg = error_of([&] { ddp::load_checkpoint(dir.file("bare.pt"), ck); });
+  EXPECT_NE(msg.find("has no 'rng' (it was saved without Checkpoint::rng)"), std::string::npos)
+      << msg;
+}
+
+TEST_F(CheckpointErrorTest, PlainStateDictIsNotACheckpoint) {
+  ddp::save_model_state_dict(*net, dir.file("sd.pt"));
+  const std::string msg = load(dir.file("sd.pt"));
+  EXPECT_NE(msg.find("not a ddp-cpp checkpoint"), std::string::npos) << msg;
+  // read_state_dict reads both kinds.
+  EXPECT_EQ(ddp::read_state_dict(dir.file("good.pt")).size(),
+            ddp::read_state_dict(dir.file("sd.pt")).size());
+}
+
+// ---- Several ranks (threads, each its own process group) ----------------------------
+
+TEST(CheckpointTest, EveryRankCanReadTheFileAsSoonAsSaveReturns) {
+  ddp_test::TempDir out;
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Net net = make_net(1);
+    ddp::DistributedSampler sampler(
+        30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
+    sampler.next(static_cast<size_t>(pg.rank() + 1));  // a different position per rank
+    ddp::save_checkpoint(out.file("c.pt"),
+                         Checkpoint(*net).sampler(&sampler).process_group(&pg).step(7));
+    // No barrier here: save_checkpoint returned, so the file is complete.
+    ddp::DistributedSampler fresh(
+        30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
+    Net other = make_net(2);
+    Checkpoint ck(*other);
+    ck.sampler(&fresh).process_group(&pg);
+    ddp::load_checkpoint(out.file("c.pt"), ck);
+    EXPECT_EQ(ck.step(), 7);
+    EXPECT_EQ(fresh.position(), static_cast<size_t>(pg.rank() + 1)) << "rank " << pg.rank();
+  });
+}
+
+TEST(CheckpointTest, RankZeroFailureFailsEveryRank) {
+  ddp_test::TempDir out;
+  std::vector<std::string> errors(2);
+  ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    Net net = make_net(1);
+    errors[pg.rank()] = error_of([&] {
+      ddp::save_checkpoint(out.file("missing/dir/c.pt"), Checkpoint(*net).process_group(&pg));
+    });
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("failed on rank 0 (the rank that writes), so no checkpoint was "
+                             "written; seen on rank " + std::to_string(r)),
+              std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("missing/dir"), std::string::npos) << errors[r];
+  }
+}
+
+// ---- A checkpoint directory -------------------------------------------------------------
+
+TEST(CheckpointDirTest, KeepsTheLastNAndPointsAtTheLatest) {
+  ddp_test::TempDir dir;
+  const CheckpointOptions where = CheckpointOptions(dir.file("run/ckpt")).keep_last(2);
+  Net net = make_net(1);
+  EXPECT_FALSE(ddp::latest_checkpoint(where).has_value());
+  Checkpoint none(*net);
+  EXPECT_FALSE(ddp::load_latest_checkpoint(where, none).has_value());
+  for (int64_t step : {10, 20, 30, 40}) {
+    EXPECT_EQ(ddp::save_checkpoint(where, Checkpoint(*net).step(step)),
+              dir.file("run/ckpt/ckpt-" + std::to_string(step) + ".pt"));
+  }
+  std::vector<std::string> files;
+  std::string listing;
+  ddp_test::run_command("ls -A '" + dir.file("run/ckpt") + "'", &listing);
+  EXPECT_EQ(listing, "ckpt-30.pt\nckpt-40.pt\nlatest\n") << "old checkpoints or temporaries left";
+  EXPECT_EQ(ddp::latest_checkpoint(where), dir.file("run/ckpt/ckpt-40.pt"));
+
+  Net other = make_net(2);
+  Checkpoint ck(*other);
+  EXPECT_EQ(ddp::load_latest_checkpoint(where, ck), dir.file("run/ckpt/ckpt-40.pt"));
+  EXPECT_EQ(ck.step(), 40);
+
+  // Without the pointer (or with a dangling one) the highest step wins.
+  ddp_test::run_command("rm '" + dir.file("run/ckpt/latest") + "'");
+  EXPECT_EQ(ddp::latest_checkpoint(where), dir.file("run/ckpt/ckpt-40.pt"));
+  std::ofstream(dir.file("run/ckpt/latest")) << "ckpt-50.pt\n";
+  EXPECT_EQ(ddp::latest_checkpoint(where), dir.file("run/ckpt/ckpt-40.pt"));
+}
+
+TEST(CheckpointDirTest, KeepLastZeroKeepsAll) {
+  ddp_test::TempDir dir;
+  const CheckpointOptions where = CheckpointOptions(dir.path()).keep_last(0).prefix("model");
+  Net net;
+  for (int64_t step = 0; step < 5; ++step) ddp::save_checkpoint(where, Checkpoint(*net).step(step));
+  std::string listing;
+  ddp_test::run_command("ls '" + dir.path() + "' | grep -c '^model-[0-9]*.pt$'", &listing);
+  EXPECT_EQ(listing, "5\n");
+}
+
+TEST(CheckpointDirTest, StaleTemporaryFromACrashIsIgnoredThenRemoved) {
+  ddp_test::TempDir dir;
+  const CheckpointOptions where(dir.path());
+  Net net;
+  ddp::save_checkpoint(where, Checkpoint(*net).step(1));
+  // What a writer killed before its rename leaves behind.
+  std::ofstream(dir.file(".ckpt-2.pt.tmp.4242.0")) << "half a checkpoint";
+  EXPECT_EQ(ddp::latest_checkpoint(where), dir.file("ckpt-1.pt"));
+  ddp::save_checkpoint(where, Checkpoint(*net).step(3));
+  std::string listing;
+  ddp_test::run_command("ls -A '" + dir.path() + "'", &listing);
+  EXPECT_EQ(listing, "ckpt-1.pt\nckpt-3.pt\nlatest\n");
+}
+
+TEST(CheckpointDirTest, OptionsAreValidated) {
+  Net net;
+  EXPECT_NE(error_of([&] {
+              ddp::save_checkpoint(CheckpointOptions("/tmp/x").keep_last(-1), Checkpoint(*net));
+            }).find("keep_last must be >= 0 (0 keeps all), but got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ddp::save_checkpoint(CheckpointOptions("/tmp/x").prefix("a/b"), Checkpoint(*net));
+            }).find("prefix must be a non-empty file name without '/', but got 'a/b'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ddp::save_checkpoint(CheckpointOptions("/tmp/x"), Checkpoint(*net).step(-3));
+            }).find("step must be >= 0 (it names the file), but got -3"),
+            std::string::npos);
+}

@@ -1,0 +1,167 @@
+"""Helpers shared by the ddprun tests (standard library only).
+
+Each test script is run as: python3 test_x.py /path/to/ddprun [unittest args]
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+DDPRUN = None
+MARKER_VAR = "DDPRUN_TEST_MARKER"
+
+
+def worker(name):
+    return os.path.join(WORKERS, name)
+
+
+def main():
+    """Takes the ddprun path from argv[1], then runs unittest."""
+    global DDPRUN
+    if len(sys.argv) < 2 or not os.access(sys.argv[1], os.X_OK):
+        sys.exit("usage: %s /path/to/ddprun [unittest options]" % sys.argv[0])
+    DDPRUN = os.path.abspath(sys.argv[1])
+    unittest.main(argv=[sys.argv[0]] + sys.argv[2:], verbosity=2)
+
+
+def base_env(**extra):
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("DDP_RENDEZVOUS_DIR", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start(args, env=None, **kw):
+    """Starts ddprun with `args`; output is captured as text."""
+    return subprocess.Popen([DDPRUN] + list(args), env=env or base_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def run(args, env=None, timeout=120):
+    """Runs ddprun to the end: (returncode, stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    p = start(args, env)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError("ddprun did not finish within %ss\nstdout:\n%s\nstderr:\n%s"
+                             % (timeout, out[-3000:], err[-3000:]))
+    return p.returncode, out, err, time.monotonic() - t0
+
+
+def new_marker():
+    return uuid.uuid4().hex
+
+
+def pids_with_marker(marker):
+    """Live processes whose environment holds DDPRUN_TEST_MARKER=marker."""
+    needle = ("%s=%s" % (MARKER_VAR, marker)).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read().split(b"\0")
+            with open("/proc/%s/stat" % name) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def pid_alive(pid):
+    """True for a live (non-zombie) process."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def read_pids(pid_dir):
+    pids = {}
+    for name in os.listdir(pid_dir):
+        if name.endswith(".pid"):
+            with open(os.path.join(pid_dir, name)) as f:
+                text = f.read().strip()
+            if text:
+                pids[name[:-4]] = int(text)
+    return pids
+
+
+def free_port_pair():
+    """A port P with P and P+1 both free on 127.0.0.1 (ddprun's agents use P+1)."""
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def kill_marked(marker):
+    for pid in pids_with_marker(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class DdprunTestCase(unittest.TestCase):
+    """Gives each test a temp folder and a marker, and checks nothing marked survives."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ddprun-test-")
+        self.marker = new_marker()
+
+    def tearDown(self):
+        leftover = pids_with_marker(self.marker)
+        kill_marked(self.marker)
+        subprocess.run(["rm", "-rf", self.tmp])
+        self.assertEqual(leftover, [], "processes left behind by the test")
+
+    def env(self, **extra):
+        return base_env(**{MARKER_VAR: self.marker}, **extra)
+
+    def assert_no_survivors(self, timeout=3.0):
+        ok = wait_for(lambda: not pids_with_marker(self.marker), timeout)
+        left = pids_with_marker(self.marker)
+        details = []
+        for pid in left:
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    details.append((pid, f.read().replace(b"\0", b" ").decode(errors="replace")))
+            except OSError:
+                pass
+        self.assertTrue(ok, "processes survived ddprun: %r" % details)

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Several ddprun agents on one machine (loopback) acting as separate hosts."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import ddprun_testlib as T
+
+
+class MultiNodeTest(T.DdprunTestCase):
+    def setUp(self):
+        super().setUp()
+        self.port = T.free_port_pair()
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        super().tearDown()
+
+    def node(self, rank, cmd, nnodes=2, nproc=2, extra=(), **env):
+        p = T.start(["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                     "--master-port", str(self.port), "--nproc-per-node", str(nproc),
+                     "--grace-period", "3", "--rdzv-timeout", "60"] + list(extra) + ["--"] + cmd,
+                    self.env(OMP_NUM_THREADS=1, **env))
+        self.procs.append(p)
+        return p
+
+    def finish(self, p, timeout=60):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            self.fail("ddprun did not finish:\n" + err[-3000:])
+        return p.returncode, out, err
+
+    def test_failure_on_node1_stops_node0(self):
+        fail3 = ["bash", "-c", '[ "$RANK" = 3 ] && { sleep 0.5; echo "rank 3 broke" >&2; exit 5; }; sleep 1000']
+        n1 = self.node(1, fail3)
+        n0 = self.node(0, fail3)
+        rc0, out0, err0 = self.finish(n0)
+        rc1, out1, err1 = self.finish(n1)
+        self.assertEqual(rc1, 5, err1)
+        self.assertIn("rank       : 3 (local_rank 1, node_rank 1)", err1)
+        self.assertIn("rank 3 broke", err1)
+        self.assertEqual(rc0, 5, err0)
+        self.assertIn("node 1 failed: rank 3 (pid", err0)
+        self.assertIn("exits with code 5 because node 1 failed", err0)
+        self.assert_no_survivors(1.0)
+
+    def test_failure_on_node0_stops_node1(self):
+        fail0 = ["bash", "-c", '[ "$RANK" = 0 ] && { sleep 0.5; exit 6; }; sleep 1000']
+        n0 = self.node(0, fail0)
+        n1 = self.node(1, fail0)
+        rc1, _, err1 = self.finish(n1)
+        rc0, _, err0 = self.finish(n0)
+        self.assertEqual(rc0, 6, err0)
+        self.assertEqual(rc1, 6, err1)
+        self.assertIn("node 0 failed: rank 0 (pid", err1)
+        self.assert_no_survivors(1.0)
+
+    def test_success_waits_for_all_nodes(self):
+        # Node 0's workers finish first; node 0 still waits for node 1's.
+        script = ["bash", "-c", '[ "$GROUP_RANK" = 1 ] && sleep 2; echo "rank $RANK ok"']
+        n0 = self.node(0, script)
+        n1 = self.node(1, script)
+        t0 = time.monotonic()
+        rc0, out0, err0 = self.finish(n0)
+        self.assertGreater(time.monotonic() - t0, 1.5, "node 0 exited before node 1 finished")
+        rc1, out1, err1 = self.finish(n1)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        self.assertIn("[rank 3]: rank 3 ok", out1)
+
+    def test_sigint_on_node1_stops_node0(self):
+        sleeper = ["sleep", "1000"]
+        n0 = self.node(0, sleeper)
+        n1 = self.node(1, sleeper)
+        self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
+        time.sleep(0.5)
+        n1.send_signal(signal.SIGINT)
+        rc1, _, err1 = self.finish(n1)
+        rc0, _, err0 = self.finish(n0)
+        self.assertEqual(rc1, 130, err1)
+        self.assertEqual(rc0, 130, err0)
+        self.assertIn("node 1 failed: stopped by SIGINT", err0)
+        self.assert_no_survivors(1.0)
+
+    def test_lost_agent_stops_node0(self):
+        sleeper = ["sleep", "1000"]
+        n0 = self.node(0, sleeper)
+        n1 = self.node(1, sleeper)
+        self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
+        time.sleep(0.5)
+        n1.kill()  # SIGKILL: no goodbye; its workers die with it (PR_SET_PDEATHSIG)
+        self.finish(n1)
+        rc0, _, err0 = self.finish(n0)
+        self.assertEqual(rc0, 1, err0)
+        self.assertIn("node 1 failed: its ddprun closed the connection", err0)
+        self.assert_no_survivors(2.0)
+
+    def test_node0_missing_times_out(self):
+        n1 = self.node(1, ["true"], extra=["--rdzv-timeout", "2"])
+        rc, _, err = self.finish(n1)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("could not reach node 0's ddprun at 127.0.0.1:%d within --rdzv-timeout 2 s"
+                      % (self.port + 1), err)
+
+    def test_node1_missing_times_out(self):
+        n0 = self.node(0, ["true"], extra=["--rdzv-timeout", "2"])
+        rc, _, err = self.finish(n0)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("nodes 1 did not join within --rdzv-timeout 2 s", err)
+
+    def test_mismatched_nproc_refused(self):
+        n0 = self.node(0, ["true"], extra=["--rdzv-timeout", "4"])
+        n1 = self.node(1, ["true"], nproc=3)
+        rc1, _, err1 = self.finish(n1)
+        self.assertEqual(rc1, 2, err1)
+        self.assertIn("refused this host: node 0 runs --nproc-per-node 2 workers but this host wants 3",
+                      err1)
+        rc0, _, err0 = self.finish(n0)
+        self.assertNotEqual(rc0, 0)
+
+    def test_restart_across_nodes(self):
+        count_file = os.path.join(self.tmp, "runs.txt")
+        env = dict(COUNT_FILE=count_file, SUCCEED_FROM=2, FAIL_CODE=4)
+        # count_runs.sh fails on rank 1 (node 0) in attempts 0 and 1.
+        n0 = self.node(0, [T.worker("count_runs.sh")], extra=["--max-restarts", "2"], **env)
+        n1 = self.node(1, [T.worker("count_runs.sh")], extra=["--max-restarts", "2"], **env)
+        rc0, _, err0 = self.finish(n0)
+        rc1, out1, err1 = self.finish(n1)
+        self.assertEqual((rc0, rc1), (0, 0), err0 + err1)
+        with open(count_file) as f:
+            runs = sorted((int(r), int(a)) for r, a, _ in (l.split() for l in f.read().splitlines()))
+        self.assertEqual(runs, [(r, a) for r in range(4) for a in range(3)])
+        self.assertIn("node 0 failed: rank 1 (pid", err1)
+        self.assertIn("restarting all workers (restart 2 of 2)", err1)
+        for attempt in range(3):
+            self.assertIn("[rank 3]: rank 3 attempt %d" % attempt, out1)
+
+
+if __name__ == "__main__":
+    T.main()

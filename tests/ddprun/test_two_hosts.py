@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Two 'hosts' made of two network namespaces joined by a veth pair.
+
+    python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"] [unittest options]
+
+Each namespace runs its own ddprun (--nnodes 2, node 0 in A, node 1 in B,
+--nproc-per-node 2). By default the worker dumps its environment, which is
+checked (RANK 0..3, WORLD_SIZE 4, ...); --worker-cmd swaps in another worker
+(e.g. a real 4-rank all_reduce), which then only has to exit 0 on all ranks.
+
+The addresses (10.x.y.1 and .2) exist only inside the two namespaces; the
+host's own interfaces are never touched. Without root, `ip`, or namespace
+support, the script says why and exits 77 (reported as skipped by CTest).
+"""
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+import ddprun_testlib as T
+
+SKIP = 77
+PID = os.getpid()
+NS = ["ddprun-a-%d" % PID, "ddprun-b-%d" % PID]
+VETH = ["dra%d" % (PID % 10**8), "drb%d" % (PID % 10**8)]
+SUBNET = "10.%d.%d" % (200 + PID % 50, (PID // 50) % 250)
+ADDR = [SUBNET + ".1", SUBNET + ".2"]
+WORKER_CMD = None
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip"] + list(args), check=check, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=30)
+
+
+def teardown_namespaces():
+    for ns in NS:
+        pids = ip("netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except OSError:
+                pass
+        ip("netns", "del", ns, check=False)
+
+
+def setup_namespaces():
+    """Creates both namespaces; returns None, or why it could not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (euid is %d)" % os.geteuid()
+    if shutil.which("ip") is None:
+        return "the 'ip' command (iproute2) is not installed"
+    try:
+        for ns in NS:
+            ip("netns", "add", ns)
+        ip("link", "add", VETH[0], "netns", NS[0], "type", "veth", "peer", "name", VETH[1], "netns", NS[1])
+        for i, ns in enumerate(NS):
+            ip("-n", ns, "link", "set", "lo", "up")
+            ip("-n", ns, "addr", "add", ADDR[i] + "/24", "dev", VETH[i])
+            ip("-n", ns, "link", "set", VETH[i], "up")
+        subprocess.run(["ip", "netns", "exec", NS[0], "true"], check=True, timeout=30,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except subprocess.CalledProcessError as e:
+        teardown_namespaces()
+        return "cannot set up network namespaces: %s: %s" % (" ".join(e.cmd), (e.stderr or "").strip())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        teardown_namespaces()
+        return "cannot set up network namespaces: %s" % e
+    return None
+
+
+class TwoHostTest(T.DdprunTestCase):
+    def run_pair(self, worker_for_node, port, extra=(), timeout=120):
+        procs = []
+        try:
+            for node in (1, 0):
+                cmd = ["ip", "netns", "exec", NS[node], T.DDPRUN, "--nnodes", "2", "--node-rank",
+                       str(node), "--master-addr", ADDR[0], "--master-port", str(port),
+                       "--nproc-per-node", "2", "--rdzv-timeout", "60", "--grace-period", "3"]
+                cmd += list(extra) + ["--"] + worker_for_node(node)
+                procs.append((node, subprocess.Popen(cmd, env=self.env(), stdout=subprocess.PIPE,
+                                                     stderr=subprocess.PIPE, text=True)))
+            results = {}
+            deadline = time.monotonic() + timeout
+            for node, p in procs:
+                out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+                results[node] = (p.returncode, out, err)
+            return results
+        finally:
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+
+    def test_four_ranks_on_two_hosts(self):
+        if WORKER_CMD:
+            results = self.run_pair(lambda node: list(WORKER_CMD), 29500)
+            for node, (rc, out, err) in sorted(results.items()):
+                sys.stderr.write("--- node %d stdout\n%s--- node %d stderr\n%s" % (node, out, node, err))
+                self.assertEqual(rc, 0, "node %d failed:\n%s" % (node, err))
+            return
+        out_dir = os.path.join(self.tmp, "env")
+        os.mkdir(out_dir)
+        worker = [sys.executable, T.worker("dump_env.py"), out_dir]
+        results = self.run_pair(lambda node: worker, 29500)
+        for node, (rc, out, err) in results.items():
+            self.assertEqual(rc, 0, "node %d:\n%s" % (node, err))
+        infos = {}
+        for path in glob.glob(os.path.join(out_dir, "rank*.json")):
+            with open(path) as f:
+                e = json.load(f)
+            infos[int(e["RANK"])] = e
+        self.assertEqual(sorted(infos), [0, 1, 2, 3])
+        for rank, e in infos.items():
+            self.assertEqual(e["WORLD_SIZE"], "4")
+            self.assertEqual(e["LOCAL_WORLD_SIZE"], "2")
+            self.assertEqual(e["LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(e["GROUP_RANK"], str(rank // 2))
+            self.assertEqual(e["MASTER_ADDR"], ADDR[0])
+            self.assertEqual(e["MASTER_PORT"], "29500")
+            self.assertIsNone(e["DDP_RENDEZVOUS_DIR"])
+        self.assertEqual(len({e["TORCHELASTIC_RUN_ID"] for e in infos.values()}), 1)
+        self.assertIn("[rank 3]: rank 3 wrote", results[1][1])
+        self.assertIn("[rank 0]: rank 0 wrote", results[0][1])
+
+    def test_failure_in_b_stops_a(self):
+        def worker(node):
+            if node == 1:
+                return ["bash", "-c", '[ "$RANK" = 3 ] && { sleep 1; echo "rank 3 broke" >&2; exit 5; }; '
+                                      'sleep 1000']
+            return ["sleep", "1000"]
+        results = self.run_pair(worker, 29600)
+        rc0, _, err0 = results[0]
+        rc1, _, err1 = results[1]
+        self.assertEqual(rc1, 5, err1)
+        self.assertIn("rank 3 broke", err1)
+        self.assertNotEqual(rc0, 0, err0)
+        self.assertEqual(rc0, 5, err0)
+        self.assertIn("node 1 failed: rank 3", err0)
+        self.assert_no_survivors(2.0)
+
+
+def main():
+    global WORKER_CMD
+    args = sys.argv[1:]
+    if "--worker-cmd" in args:
+        i = args.index("--worker-cmd")
+        WORKER_CMD = shlex.split(args[i + 1])
+        del args[i:i + 2]
+    sys.argv = [sys.argv[0]] + args
+    why = setup_namespaces()
+    if why:
+        print("SKIPPED: %s" % why)
+        sys.exit(SKIP)
+    try:
+        T.DDPRUN = os.path.abspath(sys.argv[1])
+        prog = unittest.main(argv=[sys.argv[0]] + sys.argv[2:], verbosity=2, exit=False)
+    finally:
+        teardown_namespaces()
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()

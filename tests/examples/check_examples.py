@@ -1,0 +1,243 @@
+#!/usr/bin/python3
+"""Checks examples/fashion_mnist from the outside, with PyTorch as the reference.
+
+  check_examples.py run DDPRUN FASHION_MNIST WORKDIR
+      Trains 1 epoch on a few hundred images with 2 ranks under ddprun, then checks:
+      the program ran end to end; model.pt and the latest checkpoint load with
+      torch.load and hold the keys and shapes of the same CNN written in Python; the
+      test accuracy it reported equals what PyTorch computes with the saved weights on
+      the same test images (so each test image was counted exactly once); the metrics
+      file parses; --resume continues with epoch 2 and keeps epoch 1's record.
+
+  check_examples.py minimal DDPRUN MINIMAL
+      examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
+      loss, and the loss falls.
+
+  check_examples.py data-errors FASHION_MNIST WORKDIR
+      A missing data folder, a truncated file and a corrupt gzip stream each stop the
+      program with an error naming the file and the package to install.
+"""
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+PACKAGE_HINT = "apt-get install dataset-fashion-mnist"
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+TRAIN_SAMPLES, TEST_SAMPLES, LR = 384, 201, 0.002
+
+
+def fail(msg, output=""):
+    print("FAIL:", msg)
+    if output:
+        print("---- program output ----\n" + output)
+    sys.exit(1)
+
+
+def run(cmd, timeout):
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def python_net():
+    """The example's CNN, written independently in Python."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 32, 3)
+            self.conv2 = nn.Conv2d(32, 64, 3)
+            self.fc1 = nn.Linear(64 * 5 * 5, 128)
+            self.fc2 = nn.Linear(128, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            x = F.relu(self.fc1(x.flatten(1)))
+            return self.fc2(x)
+
+    return Net()
+
+
+def check_state_dict(state, what):
+    import torch
+    expected = {k: tuple(v.shape) for k, v in python_net().state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if list(got) != list(expected):
+        fail(f"{what}: keys {list(got)}, expected {list(expected)} (in this order)")
+    for k in expected:
+        if got[k] != expected[k]:
+            fail(f"{what}: {k} has shape {got[k]}, expected {expected[k]}")
+        if not torch.isfinite(state[k]).all():
+            fail(f"{what}: {k} holds non-finite values")
+
+
+def test_images(n):
+    import numpy as np
+    import torch
+    with gzip.open(os.path.join(DATA_DIR, "t10k-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
+    with gzip.open(os.path.join(DATA_DIR, "t10k-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+    x = (torch.tensor(images.copy()).float() / 255 - 0.2860) / 0.3530
+    return x, torch.tensor(labels.copy()).long()
+
+
+def read_metrics(path):
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    keys = ["epoch", "train_loss", "test_accuracy", "samples_per_s", "seconds", "world_size"]
+    for r in records:
+        if sorted(r) != sorted(keys):
+            fail(f"{path}: record {r} has keys {sorted(r)}, expected {sorted(keys)}")
+    return records
+
+
+def cmd_run(ddprun, binary, work):
+    import torch
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    args = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "1",
+            "--train-samples", str(TRAIN_SAMPLES), "--test-samples", str(TEST_SAMPLES),
+            "--batch-size", "32", "--lr", str(LR), "--run-dir", work, "--name", "t",
+            "--progress", "plain"]
+    code, out = run(args, timeout=150)
+    if code != 0:
+        fail(f"exit code {code}, expected 0", out)
+    for needle in ["[rank 0]: epoch  1/1", "train loss", "test accuracy", "[rank 0]: done:"]:
+        if needle not in out:
+            fail(f"output lacks {needle!r}", out)
+    if "[rank 1]: epoch" in out:
+        fail("rank 1 printed an epoch line; only rank 0 should", out)
+
+    run_dir = os.path.join(work, "t")
+    metrics = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    if [m["epoch"] for m in metrics] != [1] or metrics[0]["world_size"] != 2:
+        fail(f"metrics.jsonl: {metrics}, expected one record for epoch 1, world_size 2")
+
+    # The saved model: Python's keys and shapes, and the accuracy the program reported.
+    state = torch.load(os.path.join(run_dir, "model.pt"))
+    check_state_dict(state, "model.pt")
+    net = python_net()
+    net.load_state_dict(state)
+    net.eval()
+    x, y = test_images(TEST_SAMPLES)
+    with torch.no_grad():
+        correct = int((net(x).argmax(1) == y).sum())
+    reported = metrics[0]["test_accuracy"] * TEST_SAMPLES
+    if abs(reported - correct) > 1e-6:
+        fail(f"the program reported test accuracy {metrics[0]['test_accuracy']} "
+             f"({reported:.3f} of {TEST_SAMPLES}); PyTorch counts {correct} correct with the "
+             f"saved weights", out)
+
+    # The checkpoint: a plain dict with the same model and Adam's state.
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    with open(os.path.join(ckpt_dir, "latest")) as f:
+        latest = f.read().strip()
+    ckpt = torch.load(os.path.join(ckpt_dir, os.path.basename(latest)))
+    check_state_dict(ckpt["model"], "checkpoint['model']")
+    if ckpt["epoch"] != 1 or ckpt["world_size"] != 2:
+        fail(f"checkpoint: epoch {ckpt['epoch']}, world_size {ckpt['world_size']}; "
+             "expected 1 and 2")
+    lr = ckpt["optimizer"]["param_groups"][0]["lr"]
+    if abs(lr - LR) > 1e-12:
+        fail(f"checkpoint: optimizer lr {lr}, expected {LR}")
+    for k in state:
+        if not torch.equal(state[k], ckpt["model"][k]):
+            fail(f"model.pt and the final checkpoint differ at {k}")
+
+    # --resume: continues with epoch 2 and keeps epoch 1's record.
+    code, out = run(args[:args.index("--epochs")] + ["--epochs", "2"] + args[args.index("--epochs") + 2:]
+                    + ["--resume"], timeout=150)
+    if code != 0:
+        fail(f"--resume: exit code {code}, expected 0", out)
+    if "resuming from" not in out or "epoch  1/2" in out or "epoch  2/2" not in out:
+        fail("--resume: expected 'resuming from ...' and only epoch 2 to run", out)
+    resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    if [m["epoch"] for m in resumed] != [1, 2] or resumed[0] != metrics[0]:
+        fail(f"--resume: metrics {resumed}, expected epoch 1's record {metrics[0]} then epoch 2")
+    with open(os.path.join(run_dir, "curves.svg")) as f:
+        svg = f.read()
+    if not svg.startswith("<svg") or svg.count("<polyline") != 2:
+        fail("curves.svg: expected an <svg> with two series")
+    print("OK")
+
+
+def cmd_minimal(ddprun, binary):
+    code, out = run([ddprun, "--nproc-per-node", "2", "--", binary], timeout=80)
+    if code != 0:
+        fail(f"exit code {code}, expected 0", out)
+    losses = [float(line.split("loss")[1]) for line in out.splitlines()
+              if line.startswith("[rank 0]: step")]
+    if len(losses) != 5 or "[rank 1]: step" in out:
+        fail("expected 5 loss lines, all from rank 0", out)
+    if not losses[-1] < 0.5 * losses[0]:
+        fail(f"the loss did not fall: {losses}", out)
+    print("OK", losses)
+
+
+def expect_data_error(binary, data_dir, work, bad_file, also=()):
+    code, out = run([binary, "--data-dir", data_dir, "--run-dir", work, "--epochs", "1",
+                     "--progress", "none"], timeout=60)
+    if code == 0:
+        fail(f"--data-dir {data_dir}: exit code 0, expected an error", out)
+    for needle in [PACKAGE_HINT, os.path.join(data_dir, bad_file), *also]:
+        if needle not in out:
+            fail(f"--data-dir {data_dir}: the error lacks {needle!r}", out)
+    error = [line for line in out.splitlines() if "error:" in line]
+    print("ok:", error[0] if error else out.strip().splitlines()[0], flush=True)
+
+
+def cmd_data_errors(binary, work):
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    images, labels = "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"
+
+    # 1. An empty folder.
+    empty = os.path.join(work, "empty")
+    os.makedirs(empty)
+    expect_data_error(binary, empty, work, images, also=["No such file"])
+
+    # 2. A well-formed gzip whose header promises 60000 images but holds 10.
+    truncated = os.path.join(work, "truncated")
+    os.makedirs(truncated)
+    with gzip.open(os.path.join(truncated, images), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 60000, 28, 28) + bytes(10 * 28 * 28))
+    expect_data_error(binary, truncated, work, images, also=["truncated"])
+
+    # 3. A gzip stream cut in the middle (a download that stopped).
+    cut = os.path.join(work, "cut")
+    os.makedirs(cut)
+    payload = struct.pack(">IIII", 0x803, 100, 28, 28) + os.urandom(100 * 28 * 28)
+    blob = gzip.compress(payload)
+    with open(os.path.join(cut, images), "wb") as f:
+        f.write(blob[: len(blob) // 2])
+    expect_data_error(binary, cut, work, images)
+
+    # 4. Good images, but a label file with the wrong magic number.
+    magic = os.path.join(work, "magic")
+    os.makedirs(magic)
+    with gzip.open(os.path.join(magic, images), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 2, 28, 28) + bytes(2 * 28 * 28))
+    with gzip.open(os.path.join(magic, labels), "wb") as f:
+        f.write(struct.pack(">II", 0x803, 2) + bytes(2))
+    expect_data_error(binary, magic, work, labels, also=["magic number 0x00000803"])
+    print("OK")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "run":
+        cmd_run(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "minimal":
+        cmd_minimal(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "data-errors":
+        cmd_data_errors(*sys.argv[2:])
+    else:
+        sys.exit(__doc__)

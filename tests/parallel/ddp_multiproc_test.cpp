@@ -1,0 +1,84 @@
+// DistributedDataParallel in real processes over the default process group, started
+// from the environment as torchrun would: the path a user program takes.
+
+#include "parallel/ddp_test_util.h"
+
+#include <torch/optim/sgd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace {
+
+constexpr int64_t kPerRank = 5;
+
+int fail(const char* what) {
+  std::fprintf(stderr, "rank %d: %s\n", ddp::get_rank(), what);
+  return 1;
+}
+
+} // namespace
+
+// One step checked against the full-batch gradient, then more steps, then parameters
+// compared bit for bit across processes; a trace per rank.
+DDP_SCENARIO(ddp_train) {
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(60)));
+  const int r = ddp::get_rank(), world = ddp::get_world_size();
+  auto x = ddp_test::randn({world * kPerRank, 8}, 7);
+  auto y = ddp_test::randn({world * kPerRank, 4}, 8);
+
+  ddp_test::Mlp ref;
+  ddp_test::init_params(*ref, 3);
+  auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+
+  ddp_test::Mlp model;
+  ddp_test::init_params(*model, 3 + r);  // rank 0's weights must win
+  const char* trace = std::getenv("DDP_TEST_TRACE");
+  auto dmodel = ddp::DistributedDataParallel(
+      model, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005).trace_path(
+                 trace ? trace : ""));
+  torch::optim::SGD opt(model->parameters(), 0.05);
+  ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)), ddp_test::shard(y, r, kPerRank))
+      .backward();
+  auto got = ddp_test::current_grads(*model);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (ddp_test::rel_error(got[i], want[i]) > 1e-5) return fail("gradient differs");
+  }
+  for (int step = 0; step < 4; ++step) {
+    {
+      ddp::trace::Scope s(dmodel, "optimizer.step");
+      opt.step();
+    }
+    opt.zero_grad();
+    ddp_test::mse(dmodel(ddp_test::randn({kPerRank, 8}, 100 * step + r)),
+                  ddp_test::randn({kPerRank, 4}, 100 * step + r + 50))
+        .backward();
+  }
+  opt.step();
+  for (auto& p : model->parameters()) {
+    auto all = ddp::all_gather(p.detach());
+    for (int q = 1; q < world; ++q) {
+      if (!at::equal(all[q], all[0])) return fail("parameters differ across ranks");
+    }
+  }
+  if (dmodel->last_iteration_stats().iteration != 5) return fail("expected 5 iterations");
+  std::printf("rank %d ok\n", r);
+  return 0;
+}
+
+class DdpMultiProcTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DdpMultiProcTest, TrainsLikeOneProcessOnTheFullBatch) {
+  ddp_test::TempDir dir;
+  ddp_test::ProcessOptions o;
+  o.env["DDP_TEST_TRACE"] = dir.file("trace.json");
+  ddp_test::expect_all_ok(ddp_test::run_processes(GetParam(), "ddp_train", o));
+  for (int r = 0; r < GetParam(); ++r) {
+    std::string out;
+    EXPECT_EQ(ddp_test::run_command("test -s " + dir.file("trace.rank" + std::to_string(r) +
+                                                            ".json"), &out), 0) << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DdpMultiProcTest, ::testing::Values(2, 3));

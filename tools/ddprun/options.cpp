@@ -1,0 +1,221 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+
+#include "sysinfo.h"
+
+namespace ddprun {
+namespace {
+
+// Values are taken as text so that a bad one gets a message saying what was
+// expected and what was seen, rather than a bare conversion error.
+struct RawOptions {
+  std::string nproc = "1", nnodes = "1", node_rank = "0", master_port = "0";
+  std::string rdzv_port = "0", rdzv_timeout = "300", max_restarts = "0";
+  std::string monitor_interval = "0.1", redirect = "0", tee = "0", grace = "5";
+};
+
+struct UsageError {
+  std::string message;
+};
+
+int to_int(const std::string& flag, const std::string& text, long lo, long hi, const std::string& hint) {
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < lo || v > hi)
+    throw UsageError{flag + " expects a whole number from " + std::to_string(lo) + " to " +
+                     std::to_string(hi) + "; got '" + text + "'. " + hint};
+  return static_cast<int>(v);
+}
+
+double to_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0) || (!allow_zero && v == 0) || v > 1e7)
+    throw UsageError{flag + " expects a number of seconds" + (allow_zero ? " >= 0" : " > 0") +
+                     "; got '" + text + "'. Example: " + flag + " 2.5"};
+  return v;
+}
+
+int resolve_nproc(const std::string& spec) {
+  if (spec == "cpu") return online_cpu_count();
+  if (spec == "gpu" || spec == "auto") {
+    int gpus = gpu_count();
+    if (gpus > 0) return gpus;
+    if (spec == "auto") return 1;
+    throw UsageError{"--nproc-per-node gpu: no GPU found on this host (no /dev/nvidia[0-9]* "
+                     "device, and CUDA_VISIBLE_DEVICES is unset or empty). Give a number, or "
+                     "'auto' (one worker per GPU, else 1) or 'cpu' (one per core)."};
+  }
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(spec.c_str(), &end, 10);
+  if (spec.empty() || *end != '\0' || errno != 0 || v < 1 || v > 4096)
+    throw UsageError{"--nproc-per-node expects a whole number from 1 to 4096, or one of auto, cpu, "
+                     "gpu; got '" + spec + "'. Example: --nproc-per-node 4"};
+  return static_cast<int>(v);
+}
+
+// Splits argv where the worker command starts: after "--", or at the first word
+// that is neither an option nor an option's value (as torchrun does), so that the
+// program's own flags are never read as ddprun's.
+size_t command_start(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") return i;
+    if (arg.size() < 2 || arg[0] != '-') return i;
+    const bool has_value = arg.find('=') != std::string::npos || (arg[1] != '-' && arg.size() > 2);
+    const std::string name = arg[1] != '-' ? arg.substr(0, 2) : arg.substr(0, arg.find('='));
+    const CLI::Option* opt = app.get_option_no_throw(name);
+    if (!opt && name != "-h" && name != "--help")
+      throw UsageError{"unknown option '" + name + "'. Options for the worker program go after its "
+                       "name (or after --): ddprun [OPTIONS] -- PROGRAM " + arg};
+    if (has_value || (opt && opt->get_items_expected_max() == 0)) continue;
+    ++i;  // the option's value
+  }
+  return argc;
+}
+
+void check(Options& o, const RawOptions& raw) {
+  o.nnodes = to_int("--nnodes", raw.nnodes, 1, 65536, "Example: --nnodes 2");
+  o.node_rank = to_int("--node-rank", raw.node_rank, 0, 65535, "Example: --node-rank 1");
+  o.master_port = to_int("--master-port", raw.master_port, 0, 65535, "Example: --master-port 29500");
+  o.rdzv_port = to_int("--rdzv-port", raw.rdzv_port, 0, 65535, "Example: --rdzv-port 29501");
+  o.rdzv_timeout = to_seconds("--rdzv-timeout", raw.rdzv_timeout, false);
+  o.max_restarts = to_int("--max-restarts", raw.max_restarts, 0, 1000000, "Example: --max-restarts 3");
+  o.monitor_interval = to_seconds("--monitor-interval", raw.monitor_interval, false);
+  o.grace_period = to_seconds("--grace-period", raw.grace, true);
+  const std::string streams = "Use 0 (none), 1 (stdout), 2 (stderr) or 3 (both).";
+  o.redirect = to_int("--redirect", raw.redirect, 0, 3, streams);
+  o.tee = to_int("--tee", raw.tee, 0, 3, streams);
+  if (o.standalone) {
+    if (o.nnodes != 1 || o.node_rank != 0)
+      throw UsageError{"--standalone runs one host, but --nnodes " + std::to_string(o.nnodes) +
+                       " --node-rank " + std::to_string(o.node_rank) +
+                       " was given. Drop --standalone, or drop --nnodes/--node-rank."};
+    o.master_addr = "127.0.0.1";
+    o.master_port = 0;
+  }
+  if (o.node_rank >= o.nnodes)
+    throw UsageError{"--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
+                     std::to_string(o.nnodes) + ": expected 0 <= node-rank < nnodes. Give each host " +
+                     "a different --node-rank from 0 to " + std::to_string(o.nnodes - 1) + "."};
+  for (char c : o.run_id)
+    if (isspace(static_cast<unsigned char>(c)) || !isprint(static_cast<unsigned char>(c)))
+      throw UsageError{"--run-id must not hold spaces or control characters; got '" + o.run_id +
+                       "'. Example: --run-id job42"};
+  if (o.master_addr.empty()) throw UsageError{"--master-addr is empty. Example: --master-addr 10.0.0.1"};
+  if (o.multi_host() && o.master_port == 0) o.master_port = 29500;
+  if (o.multi_host() && o.rdzv_port == 0) {
+    if (o.master_port == 65535)
+      throw UsageError{"--master-port 65535 leaves no room for the agents' port (master port + 1). "
+                       "Pick a lower --master-port or set --rdzv-port."};
+    o.rdzv_port = o.master_port + 1;
+  }
+  o.nproc_per_node = resolve_nproc(o.nproc_spec);
+  if (o.command.empty())
+    throw UsageError{"no worker program given. Usage: ddprun [OPTIONS] [--] PROGRAM [ARGS...]"};
+}
+
+}  // namespace
+
+std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
+  Options o;
+  RawOptions raw;
+  CLI::App app{
+      "ddprun: starts PROGRAM once per local rank with the torchrun environment (RANK, "
+      "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), prefixes each output line with "
+      "[rank N]:, and stops every worker when one fails.\n"
+      "Several hosts: run ddprun on each with the same --nnodes, --master-addr and "
+      "--master-port and a different --node-rank; node 0 also listens on --rdzv-port so that "
+      "the hosts stop (or restart) together.",
+      "ddprun"};
+  app.footer(
+      "Worker program: ddprun [OPTIONS] [--] PROGRAM [ARGS...]; everything after -- (or from the\n"
+      "first word that is not an option) is the program and its own arguments.\n"
+      "Exit code: 0 when every worker exits 0; else the first failed worker's code (128 + signal\n"
+      "number when killed); 128 + signal when ddprun is interrupted; 2 for bad options; 126/127\n"
+      "when the program cannot be run; 1 when a host is lost.\n"
+      "Example: ddprun --nproc-per-node 4 ./train --epochs 3");
+  app.get_formatter()->column_width(44);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as argparse does
+  app.add_option("--nproc-per-node,--nproc_per_node", raw.nproc,
+                 "Workers on this host: a number, auto (one per GPU, else 1), cpu (one per core) "
+                 "or gpu (one per GPU)")->capture_default_str()->type_name("N|auto|cpu|gpu");
+  app.add_option("--nnodes", raw.nnodes, "Number of hosts")->capture_default_str()->type_name("N");
+  app.add_option("--node-rank,--node_rank", raw.node_rank, "Index of this host, 0 to nnodes-1")
+      ->capture_default_str()->type_name("N");
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "Address of node 0, given to workers as MASTER_ADDR")->capture_default_str()->type_name("ADDR");
+  app.add_option("--master-port,--master_port", raw.master_port,
+                 "Port given to workers as MASTER_PORT; 0 picks a free port on one host, and "
+                 "means 29500 with --nnodes > 1")->capture_default_str()->type_name("PORT");
+  app.add_option("--rdzv-port,--rdzv_port", raw.rdzv_port,
+                 "TCP port on --master-addr where node 0's ddprun waits for the other hosts' "
+                 "ddprun; 0 means master port + 1")->capture_default_str()->type_name("PORT");
+  app.add_option("--rdzv-timeout,--rdzv_timeout", raw.rdzv_timeout,
+                 "Seconds to wait for all hosts to join (at the start and at each restart)")
+      ->capture_default_str()->type_name("SECONDS");
+  app.add_option("--max-restarts,--max_restarts", raw.max_restarts,
+                 "Times to restart all workers (on every host) after a failure")->capture_default_str()->type_name("N");
+  app.add_option("--monitor-interval,--monitor_interval", raw.monitor_interval,
+                 "Seconds between checks of the workers")->capture_default_str()->type_name("SECONDS");
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "Write worker output to LOG_DIR/<restart>/rank<RANK>/{stdout,stderr}.log; "
+                 "alone it implies --tee 3")->default_str("none")->type_name("DIR");
+  app.add_option("--redirect,--redirects,-r", raw.redirect,
+                 "Send worker streams only to the log files: 0 none, 1 stdout, 2 stderr, 3 both")
+      ->capture_default_str()->type_name("0-3");
+  app.add_option("--tee,-t", raw.tee,
+                 "Send worker streams to the log files and to the console: 0 none, 1 stdout, "
+                 "2 stderr, 3 both")->capture_default_str()->type_name("0-3");
+  app.add_flag("--standalone", o.standalone, "One host: nnodes 1 on 127.0.0.1 with a free port [default: off]");
+  app.add_option("--grace-period,--grace_period", raw.grace,
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")->capture_default_str()->type_name("SECONDS");
+  app.add_flag("--no-prefix,--no_prefix", o.no_prefix, "Do not prefix output lines with [rank N]: [default: off]");
+  app.add_option("--run-id,--run_id", o.run_id,
+                 "Job id given as TORCHELASTIC_RUN_ID and DDP_RUN_ID (node 0's wins)")
+      ->default_str("random")->type_name("ID");
+
+  try {
+    size_t split = command_start(app, argc, argv);
+    std::vector<std::string> args;
+    for (size_t i = split; i-- > 1;) args.push_back(argv[i]);
+    size_t first = split < static_cast<size_t>(argc) && std::string(argv[split]) == "--" ? split + 1 : split;
+    for (size_t i = first; i < static_cast<size_t>(argc); ++i) o.command.push_back(argv[i]);
+    app.parse(args);  // CLI11 takes the arguments in reverse order
+    o.nproc_spec = raw.nproc;
+    check(o, raw);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    exit_code = 0;
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ddprun: error: " << e.what() << "\nRun 'ddprun --help' for the options.\n";
+    exit_code = kExitUsage;
+    return std::nullopt;
+  } catch (const UsageError& e) {
+    std::cerr << "ddprun: error: " << e.message << "\nRun 'ddprun --help' for the options.\n";
+    exit_code = kExitUsage;
+    return std::nullopt;
+  }
+  if (!o.log_dir.empty() && o.redirect == 0 && o.tee == 0) o.tee = 3;
+  std::string why;
+  o.program_path = find_program(o.command[0], why, exit_code);
+  if (o.program_path.empty()) {
+    std::cerr << "ddprun: error: cannot start the worker program: " << why
+              << ". Check the name, give its path (e.g. ./" << o.command[0]
+              << "), or add its folder to PATH. No worker was started.\n";
+    return std::nullopt;
+  }
+  return o;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,103 @@
+// Starting one attempt: a pipe pair, log files and the environment per worker.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "supervisor.h"
+#include "sysinfo.h"
+#include "worker_env.h"
+
+namespace ddprun {
+
+namespace {
+constexpr size_t kKeptStderrLines = 10;
+}  // namespace
+
+void Supervisor::start_attempt(int attempt) {
+  attempt_ = attempt;
+  failed_index_ = -1;
+  failure_.reset();
+  killed_ = false;
+  drain_until_ = 0;
+  workers_.clear();
+  AttemptInfo info{attempt, run_id_, "", omp_threads_};
+  if (!o_.multi_host()) {
+    std::string error;
+    rendezvous_dir_ = info.rendezvous_dir = make_rendezvous_dir(run_id_, attempt, error);
+    if (rendezvous_dir_.empty()) {
+      std::cerr << "ddprun: error: " << error << ". Set TMPDIR to a writable folder.\n";
+      coord_.local_abort(1, error);
+      return;
+    }
+  }
+  std::string log_dir;
+  if (o_.redirect | o_.tee) {
+    log_dir = log_root() + "/" + std::to_string(attempt);
+  }
+  state_ = State::Running;
+  for (int lr = 0; lr < o_.nproc_per_node; ++lr)
+    if (!spawn_one(lr, log_dir, worker_environment(o_, lr, info))) break;
+}
+
+bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std::vector<std::string>& env) {
+  Worker w;
+  w.local_rank = local_rank;
+  w.rank = o_.node_rank * o_.nproc_per_node + local_rank;
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return false;
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return false;
+  }
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  std::string error;
+  w.pid = spawn_worker(o_.program_path, o_.command, env, out[1], err[1], error);
+  close(out[1]);
+  close(err[1]);
+
+  const std::string dir = log_dir.empty() ? "" : log_dir + "/rank" + std::to_string(w.rank);
+  if (!dir.empty() && !make_dirs(dir))
+    std::cerr << "ddprun: warning: cannot create " << dir << ": " << std::strerror(errno) << "\n";
+  const std::string prefix = o_.no_prefix ? "" : "[rank " + std::to_string(w.rank) + "]: ";
+  const int logged = o_.redirect | o_.tee;
+  out_.push_back(std::make_unique<LineStream>(out[0], prefix, (o_.redirect & 1) ? -1 : STDOUT_FILENO,
+                                              (logged & 1) ? open_log(dir, "stdout.log") : -1, 0));
+  err_.push_back(std::make_unique<LineStream>(err[0], prefix, (o_.redirect & 2) ? -1 : STDERR_FILENO,
+                                              (logged & 2) ? open_log(dir, "stderr.log") : -1,
+                                              kKeptStderrLines));
+  if (w.pid < 0) {
+    std::cerr << "ddprun: error: cannot start rank " << w.rank << ": " << error << "\n";
+    w.reaped = true;
+    w.wait_status = 127 << 8;
+    failed_index_ = static_cast<int>(workers_.size());
+  }
+  workers_.push_back(w);
+  return w.pid > 0;
+}
+
+int Supervisor::open_log(const std::string& dir, const char* name) {
+  if (dir.empty()) return -1;
+  const std::string path = dir + "/" + name;
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) std::cerr << "ddprun: warning: cannot write " << path << ": " << std::strerror(errno) << "\n";
+  return fd;
+}
+
+std::string Supervisor::log_root() {
+  if (!log_root_.empty()) return log_root_;
+  if (!o_.log_dir.empty()) return log_root_ = o_.log_dir;
+  std::string error;
+  log_root_ = make_rendezvous_dir("logs-" + run_id_, 0, error);
+  if (log_root_.empty())
+    std::cerr << "ddprun: warning: no log folder: " << error << "\n";
+  else
+    std::cerr << "ddprun: no --log-dir given; writing worker logs under " << log_root_ << "\n";
+  return log_root_;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,29 @@
+// The environment each worker is given (torchrun's variables plus ddp-cpp's).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "options.h"
+
+namespace ddprun {
+
+struct AttemptInfo {
+  int attempt = 0;
+  std::string run_id;
+  std::string rendezvous_dir;  // empty on several hosts
+  std::string omp_threads;     // empty: leave OMP_NUM_THREADS as it is
+};
+
+// ddprun's own environment with the worker's variables set (and any stale
+// DDP_RENDEZVOUS_DIR dropped), as "NAME=value" strings.
+std::vector<std::string> worker_environment(const Options& o, int local_rank, const AttemptInfo& a);
+
+// OMP_NUM_THREADS for the workers when the user has not set it, else empty.
+std::string default_omp_threads(int local_workers);
+
+// A fresh private folder (mode 0700) for the workers' FileStore, or empty with
+// `error` set.
+std::string make_rendezvous_dir(const std::string& run_id, int attempt, std::string& error);
+
+}  // namespace ddprun

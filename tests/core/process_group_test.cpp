@@ -400,6 +400,20 @@ DDP_SCENARIO(env_all_reduce) {
   return 0;
 }
 
+// Started by ddprun (tests/ddprun/test_two_hosts.py): any layout, one host or several.
+DDP_SCENARIO(launcher_all_reduce) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(
+      std::chrono::seconds(60)));
+  const int r = ddp::get_rank(), n = ddp::get_world_size();
+  auto t = at::full({1 << 16}, static_cast<float>(r + 1));
+  ddp::all_reduce(t);
+  if (!at::allclose(t, at::full({1 << 16}, n * (n + 1) / 2.0f))) return 3;
+  const char* local = std::getenv("LOCAL_RANK");
+  if (local == nullptr || ddp::get_local_rank() != std::atoi(local)) return 4;
+  std::printf("rank %d of %d (local %d): all_reduce ok\n", r, n, ddp::get_local_rank());
+  return 0;
+}
+
 class MultiProcTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(MultiProcTest, EnvInitAllReduce) {

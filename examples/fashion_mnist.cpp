@@ -149,6 +149,18 @@ int main(int argc, char** argv) {
     ddp::DistributedSampler sampler(static_cast<size_t>(train.size()),
                                     ddp::DistributedSamplerOptions().seed(seed));
 
+    if (rank == 0) {
+      std::printf("fashion_mnist: %d rank(s), backend %s, device %s, %d thread(s) per rank\n"
+                  "  %lld train / %lld test images from %s\n"
+                  "  %lld epochs, batch %lld per rank (%lld in all), Adam lr %g\n",
+                  world_size, ddp::default_group()->backend().c_str(), device.str().c_str(),
+                  at::get_num_threads(), static_cast<long long>(train.size()),
+                  static_cast<long long>(test.size()), data_dir.c_str(),
+                  static_cast<long long>(epochs), static_cast<long long>(batch_size),
+                  static_cast<long long>(batch_size * world_size), lr);
+      std::fflush(stdout);
+    }
+
     // Checkpoints every epoch, for --resume: model, optimizer, epoch, sampler, RNG.
     const ddp::CheckpointOptions checkpoints((out_dir / "checkpoints").string());
     ddp::Checkpoint checkpoint(*model);
@@ -175,17 +187,6 @@ int main(int argc, char** argv) {
         std::printf("no checkpoint in %s; starting from epoch 1\n",
                     checkpoints.directory().c_str());
       }
-    }
-
-    if (rank == 0) {
-      std::printf("fashion_mnist: %d rank(s), backend %s, device %s, %d thread(s) per rank\n"
-                  "  %lld train / %lld test images from %s\n"
-                  "  %lld epochs, batch %lld per rank (%lld in all), Adam lr %g\n",
-                  world_size, ddp::default_group()->backend().c_str(), device.str().c_str(),
-                  at::get_num_threads(), static_cast<long long>(train.size()),
-                  static_cast<long long>(test.size()), data_dir.c_str(),
-                  static_cast<long long>(epochs), static_cast<long long>(batch_size),
-                  static_cast<long long>(batch_size * world_size), lr);
       std::fflush(stdout);
     }
 
@@ -268,9 +269,10 @@ int main(int argc, char** argv) {
       ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch + 1).step(step));
       if (rank == 0) {
         write_metrics(metrics_path.string(), history);
-        std::printf("epoch %2lld/%lld  train loss %.4f  test accuracy %6.2f%%  "
+        std::printf("epoch %*lld/%lld  train loss %.4f  test accuracy %6.2f%%  "
                     "%6.0f samples/s  %s\n",
-                    static_cast<long long>(m.epoch), static_cast<long long>(epochs),
+                    epoch_width(epochs), static_cast<long long>(m.epoch),
+                    static_cast<long long>(epochs),
                     m.train_loss, 100 * m.test_accuracy, m.samples_per_s,
                     format_duration(m.seconds).c_str());
         std::fflush(stdout);
@@ -285,17 +287,19 @@ int main(int argc, char** argv) {
       ddp::save_model_state_dict(*dmodel->module(), model_path.string());
       const fs::path plot_path = out_dir / "curves.svg";
       write_curves_svg(plot_path.string(), history,
-                       "Fashion-MNIST, " + std::to_string(world_size) + " rank(s)");
+                       "Fashion-MNIST, " + std::to_string(world_size) +
+                           (world_size == 1 ? " rank" : " ranks"));
       const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                          run_start).count();
       const auto latest = ddp::latest_checkpoint(checkpoints);
-      std::printf("done: test accuracy %.2f%% after %lld epochs (%s)\n"
+      std::printf("done: test accuracy %.2f%% after %lld epoch%s (%s)\n"
                   "  metrics     %s\n"
                   "  plot        %s  (open it in a browser)\n"
                   "  model       %s  (Python: model.load_state_dict(torch.load(path)))\n"
                   "  checkpoint  %s  (--resume continues from it)\n",
                   history.empty() ? 0.0 : 100 * history.back().test_accuracy,
-                  static_cast<long long>(epochs), format_duration(total).c_str(),
+                  static_cast<long long>(epochs), epochs == 1 ? "" : "s",
+                  format_duration(total).c_str(),
                   metrics_path.c_str(), plot_path.c_str(), model_path.c_str(),
                   latest ? latest->c_str() : "(none)");
       std::fflush(stdout);

@@ -72,7 +72,7 @@ def parse_args(argv):
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     ap.add_argument("--verbose", action="store_true", help="print every rank's output")
     ap.add_argument("--render", metavar="JSON", default=None,
-                    help="only rewrite the report from the .json of an earlier run")
+                    help="only rewrite the report from an earlier run's raw/<name>.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.trials, args.warmup, args.iters, args.stats_iters = 1, 2, 5, 3
@@ -227,8 +227,10 @@ class Bench:
                            ["-o", svg, "--iterations", "2", "--title",
                             "ddp-cpp, %s model, 2 ranks: 2 of %d traced iterations"
                             % (model, iters)], check=True)
+            raw_dir = os.path.join(self.args.results_dir, "raw")
+            os.makedirs(raw_dir, exist_ok=True)
             for t in traces:
-                shutil.copy(t, os.path.join(self.args.results_dir, "timeline-%s.%s"
+                shutil.copy(t, os.path.join(raw_dir, "timeline-%s.%s"
                                             % (model, os.path.basename(t))))
             result["svg"] = os.path.basename(svg)
         return result
@@ -281,7 +283,8 @@ def main(argv=None):
     if args.render:
         with open(args.render) as f:
             data = json.load(f)
-        md_path = os.path.splitext(args.render)[0] + ".md"
+        stem = os.path.splitext(os.path.basename(args.render))[0]
+        md_path = os.path.join(args.results_dir, stem + ".md")
         with open(md_path, "w") as f:
             f.write(report.markdown(data))
         print("[compare] rewrote %s" % md_path)
@@ -345,7 +348,9 @@ def main(argv=None):
     md_path = os.path.join(args.results_dir, args.name + ".md")
     with open(md_path, "w") as f:
         f.write(text)
-    with open(os.path.join(args.results_dir, args.name + ".json"), "w") as f:
+    raw_dir = os.path.join(args.results_dir, "raw")
+    os.makedirs(raw_dir, exist_ok=True)
+    with open(os.path.join(raw_dir, args.name + ".json"), "w") as f:
         json.dump(data, f)
     print(text)
     print("[compare] wrote %s (%.0f s)" % (os.path.relpath(md_path), meta["elapsed_s"]))

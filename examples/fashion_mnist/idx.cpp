@@ -64,8 +64,8 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
     }
     if (n == 0) {
       std::ostringstream s;
-      s << "truncated: the " << what << " needs bytes " << offset << ".." << offset + len
-        << " but the file ends after " << offset + done << " bytes";
+      s << "truncated: it should hold bytes " << offset << ".." << offset + len << " (the "
+        << what << "), but its data end after " << offset + done << " bytes";
       fail(path, s.str());
     }
     done += static_cast<size_t>(n);

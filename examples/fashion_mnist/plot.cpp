@@ -11,7 +11,8 @@ namespace fashion_mnist {
 namespace {
 
 constexpr double kWidth = 760, kHeight = 440;
-constexpr double kLeft = 80, kRight = 680, kTop = 60, kBottom = 370;  // the plot area
+constexpr double kLeft = 80, kRight = 680, kTop = 60, kBottom = 370;  // the frame
+constexpr double kInset = 14;  // data stay this far inside the frame, markers whole
 constexpr const char* kLossColor = "#1f77b4";
 constexpr const char* kAccuracyColor = "#d62728";
 
@@ -95,9 +96,9 @@ std::string curves_svg(std::vector<EpochMetrics> metrics, const std::string& tit
   Axis acc = nice_axis(min_acc, max_acc, 5);
   acc.lo = std::max(0.0, acc.lo);
   acc.hi = std::min(100.0, acc.hi);
-  auto px = [&](double v) { return x.map(v, kLeft, kRight); };
-  auto py_loss = [&](double v) { return loss.map(v, kBottom, kTop); };
-  auto py_acc = [&](double v) { return acc.map(v, kBottom, kTop); };
+  auto px = [&](double v) { return x.map(v, kLeft + kInset, kRight - kInset); };
+  auto py_loss = [&](double v) { return loss.map(v, kBottom - kInset, kTop + kInset); };
+  auto py_acc = [&](double v) { return acc.map(v, kBottom - kInset, kTop + kInset); };
 
   // Grid and ticks.
   s << "<g stroke=\"#e0e0e0\">\n";

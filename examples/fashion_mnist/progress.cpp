@@ -17,6 +17,10 @@ ProgressMode parse_progress_mode(const std::string& name) {
                               "'");
 }
 
+int epoch_width(int64_t epochs) {
+  return static_cast<int>(std::to_string(epochs).size());
+}
+
 std::string format_duration(double seconds) {
   char buf[32];
   if (seconds < 10) {
@@ -72,17 +76,16 @@ void EpochProgress::draw(int64_t samples, double running_loss) {
   const double eta = rate > 0 ? (total_ - samples) / rate : 0.0;
   const int percent = static_cast<int>(samples * 100 / total_);
   char head[64];
-  std::snprintf(head, sizeof(head), "epoch %lld/%lld", static_cast<long long>(epoch_),
-                static_cast<long long>(epochs_));
+  std::snprintf(head, sizeof(head), "epoch %*lld/%lld", epoch_width(epochs_),
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_));
   if (mode_ == ProgressMode::kBar) {
-    constexpr int kWidth = 30;
+    // Under 80 columns, so that the line never wraps (a wrapped line cannot be redrawn).
+    constexpr int kWidth = 20;
     const int filled = static_cast<int>(samples * kWidth / total_);
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
-    std::printf("\r%s [%s] %3d%%  %lld/%lld  %.0f samples/s  loss %.4f  ETA %s\033[K", head,
-                bar.c_str(), percent, static_cast<long long>(samples),
-                static_cast<long long>(total_), rate, running_loss,
-                format_duration(eta).c_str());
+    std::printf("\r%s [%s] %3d%%  %.0f samples/s  loss %.4f  ETA %s\033[K", head,
+                bar.c_str(), percent, rate, running_loss, format_duration(eta).c_str());
   } else {
     std::printf("%s  %3d%%  %lld/%lld samples  %.0f samples/s  loss %.4f  ETA %s\n", head,
                 percent, static_cast<long long>(samples), static_cast<long long>(total_), rate,

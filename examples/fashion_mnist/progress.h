@@ -42,6 +42,9 @@ class EpochProgress {
   bool drawn_ = false;
 };
 
+/// Digits of `epochs`, so that "epoch  7/10" lines up with "epoch 10/10".
+int epoch_width(int64_t epochs);
+
 /// "1m05s", "42s", "3.4s".
 std::string format_duration(double seconds);
 

@@ -61,7 +61,9 @@ class GradBucket {
 
 /// A communication hook: reduces one bucket. The returned future must complete with
 /// the averaged flat buffer, as a Tensor or a one-element list of Tensor (what
-/// Work::future() yields).
+/// Work::future() yields). run_hook is called on the backward thread while DDP holds
+/// its bookkeeping lock: launch the work and return, do not wait on it, and do not call
+/// back into the DDP model.
 class CommHook {
  public:
   virtual ~CommHook() = default;

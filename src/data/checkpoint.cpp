@@ -214,11 +214,15 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
               "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
-  const c10::IValue format = get(top, "format", "the file", where);
-  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, where,
-              ": not a ddp-cpp checkpoint (format is ",
-              format.isString() ? "'" + format.toStringRef() + "'" : format.tagKind(),
-              "). For a plain state dict use ddp::read_state_dict.");
+  const auto format = top.find("format");
+  TORCH_CHECK(format != top.end() && format->value().isString() &&
+                  format->value().toStringRef() == kFormat,
+              where, ": not a ddp-cpp checkpoint (",
+              format == top.end()             ? std::string("it has no 'format' key")
+              : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
+                                           : "its format is a " + format->value().tagKind(),
+              "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
+              "ddp::read_state_dict.");
   const int64_t version = get_int(top, "version", "the file", where);
   TORCH_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
               " is newer than this library reads (", kVersion, "); update ddp-cpp.");

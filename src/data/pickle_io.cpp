@@ -1,5 +1,8 @@
 #include "data/pickle_io.h"
 
+#include "data/pickle_compat.h"
+#include "data/zip_archive.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -11,16 +14,43 @@ namespace detail {
 std::vector<char> pickle(const c10::IValue& value) { return torch::jit::pickle_save(value); }
 
 c10::IValue unpickle(const std::string& bytes, const std::string& where) {
+  // Note [Integrity check]: a torn or corrupted file stops here.
+  const std::vector<ZipRecord> records = read_zip(bytes, where);
+  // Note [Python pickles]: rewrite what this LibTorch's unpickler cannot read.
+  std::vector<char> archive;
+  bool rewritten = false;
+  for (const ZipRecord& record : records) {
+    const std::string suffix = "data.pkl";
+    if (record.name.size() < suffix.size() ||
+        record.name.compare(record.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const auto pickle = rewrite_python_pickle(std::string_view(bytes).substr(record.offset, record.size));
+    if (!pickle) break;
+    std::vector<std::pair<std::string, std::string_view>> parts;
+    for (const ZipRecord& r : records) {
+      parts.emplace_back(r.name, &r == &record ? std::string_view(*pickle)
+                                               : std::string_view(bytes).substr(r.offset, r.size));
+    }
+    const std::string zip = write_zip(parts);
+    archive.assign(zip.begin(), zip.end());
+    rewritten = true;
+    break;
+  }
+  if (!rewritten) archive.assign(bytes.begin(), bytes.end());
+
   std::string reason;
   try {
-    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    c10::IValue value = torch::jit::pickle_load(archive);
+    if (rewritten) drop_build_states(value);
+    return value;
   } catch (const std::exception& e) {
     reason = e.what();
   }
   const auto newline = reason.find('\n');
   if (newline != std::string::npos) reason.resize(newline);
-  TORCH_CHECK(false, where, ": the file is truncated or corrupt (", bytes.size(),
-              " bytes; reading it failed with: ", reason,
+  TORCH_CHECK(false, where, ": the file could not be read (", bytes.size(),
+              " bytes; unpickling failed with: ", reason,
               "). Expected a file written by ddp::save_checkpoint or torch.save; load an "
               "older checkpoint instead.");
   return {};

@@ -80,7 +80,7 @@ std::shared_ptr<CommHook> allreduce_hook() {
   return make_comm_hook(
       [](GradBucket& bucket) {
         std::vector<at::Tensor> tensors{bucket.buffer()};
-        return bucket.process_group().all_reduce_async(tensors, ReduceOp::SUM).future();
+        return bucket.process_group().all_reduce_async(tensors, ReduceOp::AVG).future();
       },
       "allreduce");
 }

@@ -52,8 +52,9 @@ void validate(const DistributedDataParallelOptions& o, int rank) {
               o.bucket_cap_mb(), " (rank ", rank, ")");
   TORCH_CHECK(o.device_ids().size() <= 1, "DistributedDataParallelOptions::device_ids must "
               "name at most one device (this process's), but got ", o.device_ids().size(),
-              " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank, "). DDP drives one device per "
-              "process: pass {local_rank}, or leave it empty for a CPU module.");
+              " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank,
+              "). DDP drives one device per process: pass {local_rank}, or leave it empty for "
+              "a CPU module.");
   for (int64_t id : o.device_ids()) {
     TORCH_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ",
                 id, " (rank ", rank, ")");

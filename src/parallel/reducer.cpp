@@ -101,7 +101,7 @@ void Reducer::maybe_rebuild_buckets() {
 
   // Rank 0's order wins, so every rank launches the same buckets in the same order.
   at::Tensor wire = at::tensor(order, at::kLong);
-  // mutated
+  pg_->broadcast(wire, /*src=*/0);
   std::vector<size_t> agreed(n);
   const int64_t* data = wire.data_ptr<int64_t>();
   for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(data[k]);

@@ -8,6 +8,11 @@
 
 namespace ddp {
 namespace detail {
+namespace {
+
+[[noreturn]] void raise(const std::string& message) { C10_THROW_ERROR(Error, message); }
+
+} // namespace
 
 std::string Reducer::where() const {
   return " on rank " + std::to_string(pg_->rank()) + " of " + std::to_string(pg_->size());
@@ -24,18 +29,18 @@ std::string Reducer::quoted_names(const std::vector<size_t>& indices) const {
 }
 
 void Reducer::fail_unfinished() const {
-  std::vector<size_t> missing = missing_;
   if (phase_ == Phase::kReducing) {  // the backward itself failed before its end
-    missing.clear();
+    std::vector<size_t> waiting;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!ready_[i]) missing.push_back(i);
+      if (!ready_[i]) waiting.push_back(i);
     }
-    throw c10::Error(c10::str("DistributedDataParallel", where(), ": the previous backward did not "
-                "finish (it raised an error, or its end-of-backward callback never ran), so "
-                "its gradients were not averaged; ", missing.size(), " of ", params_.size(),
-                " parameters were still waiting for a gradient: ", quoted_names(missing),
-                ". Fix the error raised by that backward; the gradients of this DDP model "
-                "are not consistent across ranks any more."), /*backtrace=*/"");
+    raise(c10::str(
+        "DistributedDataParallel", where(), ": the previous backward did not finish (it "
+        "raised an error, or its end-of-backward callback never ran), so its gradients were "
+        "not averaged; ", waiting.size(), " of ", params_.size(), " parameters were still "
+        "waiting for a gradient: ", quoted_names(waiting), ". Fix the error raised by that "
+        "backward; the gradients of this DDP model are not consistent across ranks any "
+        "more."));
   }
   std::string hint;
   if (options_.static_graph) {
@@ -51,48 +56,50 @@ void Reducer::fail_unfinished() const {
            "never trained, set requires_grad(false) on them before wrapping; otherwise "
            "make the loss depend on every output of forward.";
   }
-  throw c10::Error(c10::str("DistributedDataParallel", where(), ": expected the previous "
-              "iteration's gradient reduction to have finished before this forward, but ",
-              missing.size(), " of ", params_.size(), " parameters got no gradient in that "
-              "backward: ", quoted_names(missing), ". DDP averages every parameter's "
-              "gradient in each backward and cannot finish without them (their buckets "
-              "were not reduced, so gradients now differ across ranks).", hint), /*backtrace=*/"");
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": expected the previous iteration's gradient "
+      "reduction to have finished before this forward, but ", missing_.size(), " of ",
+      params_.size(), " parameters got no gradient in that backward: ",
+      quoted_names(missing_), ". DDP averages every parameter's gradient in each backward "
+      "and cannot finish without them (their buckets were not reduced, so gradients now "
+      "differ across ranks).", hint));
 }
 
 void Reducer::fail_backward_without_forward(size_t index) const {
-  throw c10::Error(c10::str("DistributedDataParallel", where(), ": a gradient arrived for "
-              "parameter '", names_[index], "', but no forward through the DDP wrapper is "
-              "waiting for its backward: the gradients of the last forward were already "
-              "reduced (", num_reduced_, " iteration(s) so far). Each reduced backward needs "
-              "its own forward through DDP: call dmodel(x) or dmodel->forward(x), not the "
-              "wrapped module directly, and do not call backward twice on one graph "
-              "(retain_graph). To accumulate gradients over several backward calls, run "
-              "those forwards and backwards under dmodel->no_sync()."), /*backtrace=*/"");
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": a gradient arrived for parameter '",
+      names_[index], "', but no forward through the DDP wrapper is waiting for its "
+      "backward: the gradients of the last forward were already reduced (", num_reduced_,
+      " iteration(s) so far). Each reduced backward needs its own forward through DDP: "
+      "call dmodel(x) or dmodel->forward(x), not the wrapped module directly, and do not "
+      "call backward twice on one graph (retain_graph). To accumulate gradients over "
+      "several backward calls, run those forwards and backwards under dmodel->no_sync()."));
 }
 
 void Reducer::fail_ready_twice(size_t index) const {
   if (unused_[index]) {
-    throw c10::Error(c10::str("DistributedDataParallel", where(), ": parameter '", names_[index],
-                "' was marked ready twice in one backward. find_unused_parameters found it "
-                "unreachable from forward's output and reduced it as unused, yet a gradient "
-                "for it arrived afterwards: it is used outside forward (e.g. a "
-                "regularisation term computed from the wrapped module's parameters and added "
-                "to the loss). Compute such terms inside forward and return them, so DDP can "
-                "see them."), /*backtrace=*/"");
+    raise(c10::str(
+        "DistributedDataParallel", where(), ": parameter '", names_[index], "' was marked "
+        "ready twice in one backward. find_unused_parameters found it unreachable from "
+        "forward's output and reduced it as unused, yet a gradient for it arrived "
+        "afterwards: it is used outside forward (e.g. a regularisation term computed from "
+        "the wrapped module's parameters and added to the loss). Compute such terms inside "
+        "forward and return them, so DDP can see them."));
   }
-  throw c10::Error(c10::str("DistributedDataParallel", where(), ": parameter '", names_[index],
-              "' was marked ready twice in one backward: its gradient accumulator ran twice "
-              "(reentrant backward or activation checkpointing, or the parameter is shared "
-              "in a way autograd accumulates twice). DDP reduces each gradient once per "
-              "backward; if the graph is the same in every iteration, construct DDP with "
-              "static_graph(true), which allows this."), /*backtrace=*/"");
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": parameter '", names_[index], "' was marked "
+      "ready twice in one backward: its gradient accumulator ran twice (reentrant backward "
+      "or activation checkpointing). DDP reduces each gradient once per backward; if the "
+      "graph is the same in every iteration, construct DDP with static_graph(true), which "
+      "allows this."));
 }
 
 void Reducer::fail_static_graph_changed(size_t index, int calls) const {
-  throw c10::Error(c10::str("DistributedDataParallel", where(), ": with static_graph, parameter '",
-              names_[index], "' got ", calls, " gradient(s) in this backward but ",
-              expected_calls_[index], " in the first iteration: the graph changed. Use "
-              "find_unused_parameters(true) instead of static_graph for graphs that change."), /*backtrace=*/"");
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": with static_graph, parameter '", names_[index],
+      "' got ", calls, " gradient(s) in this backward but ", expected_calls_[index],
+      " in the first iteration: the graph changed. Use find_unused_parameters(true) "
+      "instead of static_graph for graphs that change."));
 }
 
 } // namespace detail

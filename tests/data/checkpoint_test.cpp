@@ -90,7 +90,7 @@ void expect_same_model(const torch::nn::Module& a, const torch::nn::Module& b) {
 
 // ---- State dicts -------------------------------------------------------------------
 
-TEST(StateDictTest, KeysAndOrderFollowPython) {
+TEST(StateDictTest, KeysAndOrderAsInPyTorch) {
   Net net;
   std::vector<std::string> keys;
   for (const auto& e : ddp::model_state_dict(*net)) keys.push_back(e.key());
@@ -130,7 +130,7 @@ TEST(StateDictTest, LoadChecksEveryKeyAndShapeBeforeCopying) {
   auto sd = ddp::model_state_dict(*donor);
 
   c10::Dict<std::string, at::Tensor> missing = sd.copy();
-  missing.erase("bn1.running_var");
+  ASSERT_EQ(missing.erase("bn1.running_var"), 1u);
   std::string msg = error_of([&] { ddp::load_model_state_dict(*net, missing); });
   EXPECT_NE(msg.find("Missing key(s) that the model has: 'bn1.running_var'"), std::string::npos)
       << msg;

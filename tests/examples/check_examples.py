@@ -111,7 +111,7 @@ def cmd_run(ddprun, binary, work):
     code, out = run(args, timeout=150)
     if code != 0:
         fail(f"exit code {code}, expected 0", out)
-    for needle in ["[rank 0]: epoch  1/1", "train loss", "test accuracy", "[rank 0]: done:"]:
+    for needle in ["[rank 0]: epoch 1/1  train loss", "train loss", "test accuracy", "[rank 0]: done:"]:
         if needle not in out:
             fail(f"output lacks {needle!r}", out)
     if "[rank 1]: epoch" in out:
@@ -158,7 +158,7 @@ def cmd_run(ddprun, binary, work):
                     + ["--resume"], timeout=150)
     if code != 0:
         fail(f"--resume: exit code {code}, expected 0", out)
-    if "resuming from" not in out or "epoch  1/2" in out or "epoch  2/2" not in out:
+    if "resuming from" not in out or "epoch 1/2  train" in out or "epoch 2/2  train" not in out:
         fail("--resume: expected 'resuming from ...' and only epoch 2 to run", out)
     resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     if [m["epoch"] for m in resumed] != [1, 2] or resumed[0] != metrics[0]:

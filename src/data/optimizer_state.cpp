@@ -69,7 +69,7 @@ std::map<c10::TensorImpl*, std::string> parameter_names(const torch::nn::Module&
   return names;
 }
 
-c10::IValue cpu(const at::Tensor& t) { return t.detach().to(at::kCPU).clone(); }
+c10::IValue cpu(const at::Tensor& t) { return cpu_copy(t); }
 
 // Hyperparameters of one group, named as in Python's param_groups.
 c10::impl::GenericDict group_options(Kind kind, const torch::optim::OptimizerOptions& base) {

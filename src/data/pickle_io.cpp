@@ -126,6 +126,13 @@ c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
   return out;
 }
 
+at::Tensor cpu_copy(const at::Tensor& tensor) {
+  at::Tensor t = tensor.detach().to(at::kCPU);
+  const bool compact = t.is_contiguous() && t.storage_offset() == 0 &&
+                       t.storage().nbytes() == t.nbytes();
+  return compact ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
 std::string shape_string(const at::Tensor& tensor) {
   std::ostringstream os;
   os << tensor.sizes();

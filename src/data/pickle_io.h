@@ -47,6 +47,10 @@ c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
                                                const std::string& what,
                                                const std::string& where);
 
+/// `tensor` on the CPU, detached, owning exactly its own bytes: the tensor itself when it
+/// already is (pickling happens at once, so no copy is needed), else a copy.
+at::Tensor cpu_copy(const at::Tensor& tensor);
+
 /// "[2, 3]".
 std::string shape_string(const at::Tensor& tensor);
 

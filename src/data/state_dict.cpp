@@ -59,7 +59,7 @@ namespace detail {
 c10::Dict<std::string, at::Tensor> cpu_state_dict(const torch::nn::Module& model) {
   c10::Dict<std::string, at::Tensor> out;
   for (const auto& entry : model_state_dict(model)) {
-    out.insert(entry.key(), entry.value().to(at::kCPU).clone());
+    out.insert(entry.key(), cpu_copy(entry.value()));
   }
   return out;
 }

@@ -22,7 +22,7 @@ Apply prepare_model_load(torch::nn::Module& model,
                          const c10::Dict<std::string, at::Tensor>& state,
                          const std::string& where);
 
-/// model_state_dict with every tensor copied to the CPU (what a file holds).
+/// model_state_dict with every tensor on the CPU (what a file holds; see cpu_copy).
 c10::Dict<std::string, at::Tensor> cpu_state_dict(const torch::nn::Module& model);
 
 } // namespace detail

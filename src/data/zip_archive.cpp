@@ -80,11 +80,11 @@ class Reader {
     }
   }
   [[noreturn]] void fail(const std::string& why) const {
-    throw c10::Error(c10::str(where_, ": the file is truncated or corrupt (", bytes_.size(),
-                              " bytes; ", why, "). Expected a complete file written by "
-                              "ddp::save_checkpoint or torch.save; load an older checkpoint "
-                              "instead."),
-                     /*backtrace=*/"");
+    C10_THROW_ERROR(Error, c10::str(where_, ": the file is truncated or corrupt (",
+                                    bytes_.size(), " bytes; ", why,
+                                    "). Expected a complete file written by "
+                                    "ddp::save_checkpoint or torch.save; load an older "
+                                    "checkpoint instead."));
   }
   uint64_t size() const { return bytes_.size(); }
   const unsigned char* data(uint64_t offset) const {

@@ -7,7 +7,6 @@
 #include <ddp/checkpoint.h>
 #include <ddp/sampler.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn.h>
@@ -26,16 +25,8 @@ std::string reference_script() {
          "/tests/data/python/checkpoint_reference.py";
 }
 
-std::pair<at::Tensor, at::Tensor> batch_for(int64_t step) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-  return {at::randn({4, 1, 6, 6}, gen), at::randn({4, 3}, gen)};
-}
-
 void train_step(Net& net, torch::optim::Optimizer& opt, int64_t step) {
-  const auto b = batch_for(step);
-  opt.zero_grad();
-  torch::mse_loss(net->forward(b.first), b.second).backward();
-  opt.step();
+  ddp_test::train(net, opt, step, step + 1);
 }
 
 // Largest absolute difference, for the failure message.
@@ -70,8 +61,8 @@ TEST_P(CheckpointPythonTest, PythonLoadsTheCheckpointAndContinuesTraining) {
   sampler.next(3);
   ddp::CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
   extra.insert("note", std::string("from C++"));
-  extra.insert("x", batch_for(2).first);
-  extra.insert("y", batch_for(2).second);
+  extra.insert("x", ddp_test::batch_for(2).first);
+  extra.insert("y", ddp_test::batch_for(2).second);
   ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net)
                                              .optimizer(opt.get())
                                              .sampler(&sampler)

@@ -7,7 +7,8 @@
       torch.load and hold the keys and shapes of the same CNN written in Python; the
       test accuracy it reported equals what PyTorch computes with the saved weights on
       the same test images (so each test image was counted exactly once); the metrics
-      file parses; --resume continues with epoch 2 and keeps epoch 1's record.
+      file parses; --resume continues with epoch 2, keeps epoch 1's record and ends with
+      the model an uninterrupted 2-epoch run ends with.
 
   check_examples.py minimal DDPRUN MINIMAL
       examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
@@ -106,7 +107,8 @@ def cmd_run(ddprun, binary, work):
     os.makedirs(work)
     args = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "1",
             "--train-samples", str(TRAIN_SAMPLES), "--test-samples", str(TEST_SAMPLES),
-            "--batch-size", "32", "--lr", str(LR), "--run-dir", work, "--name", "t",
+            "--batch-size", "32", "--lr", str(LR), "--threads", "1", "--run-dir", work,
+            "--name", "t",
             "--progress", "plain"]
     code, out = run(args, timeout=150)
     if code != 0:
@@ -163,6 +165,25 @@ def cmd_run(ddprun, binary, work):
     resumed = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     if [m["epoch"] for m in resumed] != [1, 2] or resumed[0] != metrics[0]:
         fail(f"--resume: metrics {resumed}, expected epoch 1's record {metrics[0]} then epoch 2")
+    # ... and ends where an uninterrupted 2-epoch run ends: the checkpoint restored the
+    # optimizer state, the sampler's order and every rank's RNG (dropout).
+    two = args[:args.index("--epochs")] + ["--epochs", "2"] + args[args.index("--epochs") + 2:]
+    two[two.index("--name") + 1] = "straight"
+    code, out = run(two, timeout=150)
+    if code != 0:
+        fail(f"2 epochs straight: exit code {code}, expected 0", out)
+    straight = read_metrics(os.path.join(work, "straight", "metrics.jsonl"))
+    for key in ["train_loss", "test_accuracy"]:
+        if abs(straight[1][key] - resumed[1][key]) > 1e-6 * max(1.0, abs(straight[1][key])):
+            fail(f"epoch 2's {key}: {resumed[1][key]} after --resume, {straight[1][key]} "
+                 "without a stop; expected the same")
+    a = torch.load(os.path.join(run_dir, "model.pt"))
+    b = torch.load(os.path.join(work, "straight", "model.pt"))
+    for k in a:
+        if not torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6):
+            fail(f"model.pt after --resume differs from 2 epochs straight at {k}: max diff "
+                 f"{(a[k] - b[k]).abs().max().item()}")
+
     with open(os.path.join(run_dir, "curves.svg")) as f:
         svg = f.read()
     if not svg.startswith("<svg") or svg.count("<polyline") != 2:

@@ -11,7 +11,8 @@ message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 
 # c10d's Gloo header includes <gloo/...>. Debian ships those headers in libgloo-dev;
 # pip torch ships them inside torch/include.
-find_path(DDP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h HINTS ${TORCH_INCLUDE_DIRS})
+find_path(DDP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h
+  HINTS ${TORCH_INCLUDE_DIRS} ${PROJECT_SOURCE_DIR}/third_party/include)
 if(NOT DDP_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "ddp: gloo headers not found (gloo/rendezvous/store.h). "
                       "On Debian: apt-get install libgloo-dev")

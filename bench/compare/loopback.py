@@ -1,104 +1,115 @@
-"""The machine's loopback ceiling: how fast can two processes move bytes over TCP on 127.0.0.1?
+"""The machine's loopback ceiling: how fast can two processes exchange bytes over TCP on
+127.0.0.1?
 
-Two measurements, each between two processes:
-  one-way  one process sends, the other receives (one stream);
-  duplex   each process sends to and receives from the other at the same time, as a
-           2-rank ring all-reduce does; reported per direction.
-An all-reduce's busbw (bytes each rank sends per second) cannot beat the duplex figure.
+For each size S, both processes send messages of S bytes to each other at the same time
+(a sender and a receiver thread each, one system call per message, 64 MiB per direction
+per measurement), as a 2-rank ring all-reduce does: each rank sends S bytes in all (S/2
+in reduce-scatter, S/2 in all-gather) while receiving as much. The figure is bytes per
+direction per second, median of repeats: the busbw an all-reduce of S bytes would reach
+if moving bytes were all it did. Also a one-way stream for reference.
 
-Usage: loopback.py [--mb 256] [--repeats 3]   prints one JSON object.
+Usage: loopback.py [--sizes 1048576,16777216] [--repeats 5]   prints one JSON object.
 """
 
 import argparse
 import json
 import multiprocessing as mp
 import socket
+import statistics
 import threading
 import time
 
-CHUNK = 4 << 20
-
-
-def _send_all(sock, total):
-    buf = memoryview(bytearray(CHUNK))
-    left = total
-    while left:
-        n = min(left, CHUNK)
-        sock.sendall(buf[:n])
-        left -= n
-
-
-def _recv_all(sock, total):
-    buf = memoryview(bytearray(CHUNK))
-    left = total
-    while left:
-        n = sock.recv_into(buf, min(left, CHUNK))
+def _recv_exact(sock, view):
+    # MSG_WAITALL: one system call, with the GIL released, for the whole message.
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)
         if n == 0:
-            raise RuntimeError(f"loopback peer closed with {left} bytes outstanding")
-        left -= n
+            raise RuntimeError("loopback peer closed with %d bytes outstanding"
+                               % (len(view) - got))
+        got += n
 
 
-def _tune(sock):
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _peer(port, total, duplex, ready):
-    sock = socket.create_connection(("127.0.0.1", port))
-    _tune(sock)
-    ready.wait()
-    if duplex:
-        t = threading.Thread(target=_send_all, args=(sock, total))
+def _block(sock, sbuf, rbuf, kind, size, repeats):
+    """One size: handshake, then `repeats` messages (each way for duplex). Returns the time
+    from the handshake to the last byte received (duplex) or acknowledged (one way)."""
+    sock.sendall(b"s")
+    _recv_exact(sock, memoryview(bytearray(1)))
+    start = time.perf_counter()
+    send, recv = memoryview(sbuf)[:size], memoryview(rbuf)[:size]
+    if kind == "duplex":
+        t = threading.Thread(target=lambda: [_recv_exact(sock, recv) for _ in range(repeats)])
         t.start()
-        _recv_all(sock, total)
+        for _ in range(repeats):
+            sock.sendall(send)
         t.join()
-    else:
-        _recv_all(sock, total)
-    sock.sendall(b"k")  # tell the sender everything arrived
+    elif kind == "send":
+        for _ in range(repeats):
+            sock.sendall(send)
+        _recv_exact(sock, memoryview(bytearray(1)))
+    else:  # receive
+        for _ in range(repeats):
+            _recv_exact(sock, recv)
+        sock.sendall(b"k")
+    return time.perf_counter() - start
+
+
+def _connect(port):
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _buffers(plan):
+    biggest = max(size for _, size, _ in plan)
+    return bytearray(biggest), bytearray(biggest)
+
+
+def _peer(port, plan):
+    sock = _connect(port)
+    sbuf, rbuf = _buffers(plan)
+    for kind, size, repeats in plan:
+        _block(sock, sbuf, rbuf, "receive" if kind == "send" else kind, size, repeats)
     sock.close()
 
 
-def measure(total, duplex):
+def run(plan):
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
-    port = srv.getsockname()[1]
-    ready = mp.Event()
-    proc = mp.Process(target=_peer, args=(port, total, duplex, ready))
+    proc = mp.Process(target=_peer, args=(srv.getsockname()[1], plan))
     proc.start()
     conn, _ = srv.accept()
-    _tune(conn)
-    ready.set()
-    start = time.perf_counter()
-    if duplex:
-        t = threading.Thread(target=_recv_all, args=(conn, total))
-        t.start()
-        _send_all(conn, total)
-        t.join()
-    else:
-        _send_all(conn, total)
-    ack = conn.recv(1)
-    elapsed = time.perf_counter() - start
-    if ack != b"k":
-        raise RuntimeError("loopback peer did not acknowledge")
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sbuf, rbuf = _buffers(plan)
+    results = []
+    for kind, size, repeats in plan:
+        seconds = _block(conn, sbuf, rbuf, kind, size, repeats)
+        results.append((kind, size, size * repeats / seconds / 1e9))
     proc.join()
     conn.close()
     srv.close()
-    return total / elapsed / 1e9
+    return results
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=256, help="bytes per direction per repeat, MiB")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default=",".join(str(1 << k) for k in (20, 22, 24, 26)),
+                    help="comma-separated exchange sizes in bytes")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    total = args.mb << 20
-    measure(16 << 20, False)  # warm-up
-    one_way = sorted(measure(total, False) for _ in range(args.repeats))
-    duplex = sorted(measure(total, True) for _ in range(args.repeats))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    plan = [("duplex", 1 << 20, 3)]  # warm-up
+    for _ in range(args.repeats):
+        plan += [("duplex", s, max(1, (64 << 20) // s)) for s in sizes]
+        plan += [("send", 64 << 20, 2)]
+    results = run(plan)[1:]
+    duplex = {str(s): statistics.median(bw for kind, size, bw in results
+                                        if kind == "duplex" and size == s) for s in sizes}
     print(json.dumps({
-        "one_way_GBps": one_way[len(one_way) // 2],
-        "duplex_per_direction_GBps": duplex[len(duplex) // 2],
-        "bytes_per_repeat": total,
+        "duplex_GBps": duplex,
+        "duplex_per_direction_GBps": max(duplex.values()),
+        "one_way_GBps": statistics.median(bw for kind, _, bw in results if kind == "send"),
         "repeats": args.repeats,
     }))
 

@@ -238,8 +238,10 @@ int main(int argc, char** argv) {
       int64_t correct = 0;
       {
         torch::NoGradGuard no_grad;
-        for (int64_t i = test_begin; i < test_end; i += 1000) {
-          const int64_t n = std::min<int64_t>(1000, test_end - i);
+        // Batches of 256: on a CPU, batches of 1000 are ~10x slower (they overflow the
+        // caches in conv2), and evaluation would cost as much as training.
+        for (int64_t i = test_begin; i < test_end; i += 256) {
+          const int64_t n = std::min<int64_t>(256, test_end - i);
           const auto x = normalize(test.images.narrow(0, i, n)).to(device);
           const auto y = test.labels.narrow(0, i, n).to(device);
           // The wrapped module: evaluation needs no gradient synchronisation.

@@ -148,7 +148,7 @@ void verify_model_across_ranks(ProcessGroup& pg, const ModelDescription& model) 
         " ms for every rank to describe its model at construction, and not all did. Every "
         "rank must construct DistributedDataParallel at the same point (it is a "
         "collective); check that no rank failed or skipped it, or raise the process "
-        "group's timeout. Cause: " + e.what_without_backtrace());
+        "group's timeout. Cause: " + std::string(e.what()));
   }
   const std::string problem = compare_descriptions(all);
   if (!problem.empty()) {

@@ -195,7 +195,7 @@ TEST(ProcessGroupTest, BadOptionsNameTheValue) {
             std::string::npos);
 }
 
-TEST(ProcessGroupTest, NcclWithoutCudaNamesTheFix) {
+TEST(ProcessGroupTest, NcclUnavailableNamesTheFix) {
   if (ddp::is_nccl_available()) GTEST_SKIP() << "this build has NCCL";
   auto env = clean_env();
   const std::string msg = error_of([] {

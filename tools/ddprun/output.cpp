@@ -98,16 +98,42 @@ void LineStream::consume(const char* data, size_t len) {
     }
     start = end + 1;
   }
+  // Note [Live lines]: a partial line that contains '\r' is a line being redrawn in
+  // place (a progress bar). Only what follows the last '\r' is still visible, so keep
+  // just that and show it now, from column 0, instead of holding it until a newline.
+  // The line that finally ends it starts with '\r' too, to replace the live one.
+  const size_t cr = partial_.rfind('\r');
+  if (cr != std::string::npos) {
+    partial_.erase(0, cr + 1);
+    live_ = true;
+    out += '\r';
+    out += prefix_;
+    out += partial_;
+  }
   if (!out.empty() && console_fd_ >= 0 && !write_all(console_fd_, out.data(), out.size()))
     console_fd_ = -1;
 }
 
 void LineStream::emit_line(const char* data, size_t len, std::string& out) {
+  // Only the text after the last '\r' of a line is visible on a terminal (a "\r\n"
+  // ending aside); print that, so the prefix is not overwritten.
+  if (len > 0 && data[len - 1] == '\r') --len;
+  for (size_t i = len; i > 0; --i) {
+    if (data[i - 1] == '\r') {
+      data += i;
+      len -= i;
+      break;
+    }
+  }
   if (keep_ > 0) {
     last_.emplace_back(data, len < kKeptLineChars ? len : kKeptLineChars);
     if (last_.size() > keep_) last_.pop_front();
   }
   if (console_fd_ < 0) return;
+  if (live_) {
+    out += '\r';
+    live_ = false;
+  }
   out += prefix_;
   out.append(data, len);
   out += '\n';

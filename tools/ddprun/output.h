@@ -42,6 +42,9 @@ class LineStream {
   int file_fd_;
   size_t keep_;
   std::string partial_;
+  // A worker that redraws a line with '\r' (a progress bar) gets it shown at once;
+  // see Note [Live lines] in output.cpp.
+  bool live_ = false;
   std::deque<std::string> last_;
 };
 

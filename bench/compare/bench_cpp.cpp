@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -116,6 +117,12 @@ void dump_parameters(torch::nn::Module& model, const std::string& path) {
   TORCH_CHECK(f.good(), "cannot write ", path);
 }
 
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 int64_t num_parameters(torch::nn::Module& model) {
   int64_t n = 0;
   for (const auto& p : model.parameters()) n += p.numel();
@@ -178,25 +185,28 @@ int run(const Args& args) {
   for (int i = 0; i < args.warmup; ++i) step(i);
   if (args.ddp) ddp::barrier();
   std::vector<double> times;
-  std::vector<std::string> stats;
+  std::vector<ddp::IterationStats> stats;
   times.reserve(args.iters);
+  stats.reserve(args.iters);
+  const double cpu_start = process_cpu_seconds();  // every thread, Gloo's included
   for (int i = 0; i < args.iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
     step(args.warmup + i);
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (args.ddp) stats.push_back(stats_json(dmodel->last_iteration_stats()));
+    if (args.ddp) stats.push_back(dmodel->last_iteration_stats());
   }
+  const double cpu_s = process_cpu_seconds() - cpu_start;
 
   std::ostringstream o;
   o << "{\"side\":\"cpp\",\"model\":\"" << args.model << "\",\"ddp\":" << (args.ddp ? 1 : 0)
     << ",\"rank\":" << rank << ",\"world_size\":" << world
     << ",\"batch\":" << bench::spec(args.model).batch
     << ",\"num_parameters\":" << num_parameters(*model) << ",\"iter_s\":" << json_list(times)
-    << ",\"torch\":\"" << TORCH_VERSION << "\",\"stats\":";
+    << ",\"cpu_s\":" << cpu_s << ",\"torch\":\"" << TORCH_VERSION << "\",\"stats\":";
   if (args.ddp) {
     o << "{\"iterations\":[";
-    for (size_t i = 0; i < stats.size(); ++i) o << (i ? "," : "") << stats[i];
+    for (size_t i = 0; i < stats.size(); ++i) o << (i ? "," : "") << stats_json(stats[i]);
     o << "]}";
   } else {
     o << "null";

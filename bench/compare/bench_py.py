@@ -89,16 +89,18 @@ def main():
     if args.ddp:
         dist.barrier()
     times = []
+    cpu_start = time.process_time()  # every thread of this process, Gloo's included
     for i in range(args.iters):
         start = time.perf_counter()
         step(args.warmup + i)
         times.append(time.perf_counter() - start)
+    cpu_s = time.process_time() - cpu_start
 
     result = {
         "side": "py", "model": args.model, "ddp": args.ddp, "rank": rank,
         "world_size": world, "batch": models.SPECS[args.model][0],
         "num_parameters": models.num_parameters(model),
-        "iter_s": times, "stats": stats_pass(net, step, args) if args.ddp else None,
+        "iter_s": times, "cpu_s": cpu_s, "stats": stats_pass(net, step, args) if args.ddp else None,
         "torch": torch.__version__,
     }
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

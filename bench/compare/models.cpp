@@ -15,7 +15,7 @@ namespace nn = torch::nn;
 
 ModelSpec spec(const std::string& name) {
   if (name == "small") return {32, {512}};
-  if (name == "cnn") return {8, {3, 32, 32}};
+  if (name == "cnn") return {16, {3, 32, 32}};
   if (name == "wide") return {8, {1024}};
   TORCH_CHECK(false, "unknown model '", name, "': expected small, cnn or wide");
 }
@@ -55,7 +55,8 @@ nn::Sequential build(const std::string& name) {
                            conv3x3(32, 64), nn::ReLU(), nn::MaxPool2d(2),
                            conv3x3(64, 128), nn::ReLU(), nn::MaxPool2d(2),
                            nn::Flatten(),
-                           nn::Linear(128 * 8 * 8, kNumClasses));
+                           nn::Linear(128 * 8 * 8, 256), nn::ReLU(),
+                           nn::Linear(256, kNumClasses));
   } else if (name == "wide") {
     model = nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(),
                            nn::Linear(4096, 4096), nn::ReLU(),

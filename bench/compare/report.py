@@ -213,6 +213,27 @@ def markdown(data):
         add("| " + " | ".join(cells) + " |")
     add("")
 
+    if all("cpu" in t for k in models for ts in tr[k].values() for t in ts):
+        add("### CPU time per iteration")
+        add("")
+        add("The same runs, counted in CPU time (all threads of a rank, Gloo's included, "
+            "averaged over ranks) instead of wall-clock time: what an iteration costs, "
+            "nearly independent of what else the machine runs.")
+        add("")
+        add("| model | ddp-cpp DDP, 2 ranks (ms) | PyTorch DDP, 2 ranks (ms) | ddp-cpp / PyTorch | "
+            "ddp-cpp DDP overhead, 1 rank | PyTorch DDP overhead, 1 rank |")
+        add("|---|---:|---:|---:|---:|---:|")
+        for k in models:
+            a, b = tr[k]["cpp-ddp-2"], tr[k]["py-ddp-2"]
+            cells = [k, f_ms([t["cpu"] for t in a]), f_ms([t["cpu"] for t in b]),
+                     f_ratio([x["cpu"] / y["cpu"] for x, y in zip(a, b)])]
+            for side in ("cpp", "py"):
+                plain, d1 = tr[k]["%s-plain-1" % side], tr[k]["%s-ddp-1" % side]
+                cells.append(f_ratio([x["cpu"] / y["cpu"] - 1 for x, y in zip(d1, plain)],
+                                     pct=True))
+            add("| " + " | ".join(cells) + " |")
+        add("")
+
     add("## 3. Scaling efficiency at world size 2")
     add("")
     add("Per-rank throughput with DDP at world size 2 against one process without DDP at "

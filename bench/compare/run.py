@@ -46,6 +46,7 @@ def key(side, mode, world):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
+        prog="bench/run-compare",
         description="Compare ddp-cpp with PyTorch DDP (see docs/benchmarks.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -54,20 +55,24 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=10, help="warm-up iterations per trial")
     ap.add_argument("--iters", type=int, default=50, help="measured iterations per trial")
     ap.add_argument("--stats-iters", type=int, default=10,
-                    help="extra PyTorch iterations that sample its DDP runtime statistics")
+                    help="iterations that sample the overlap: extra PyTorch iterations with "
+                         "its DDP runtime statistics on, and a traced ddp-cpp run")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                    help="DDP bucket_cap_mb, the same on both sides")
     ap.add_argument("--check-steps", type=int, default=3,
                     help="SGD steps before comparing C++ and Python parameters")
     ap.add_argument("--rtol", type=float, default=1e-4,
                     help="relative tolerance of the parameter comparison")
     ap.add_argument("--no-hugetlb", action="store_true",
                     help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (docs/benchmarks.md)")
-    ap.add_argument("--timeline-model", default="small",
+    ap.add_argument("--timeline-model", default="cnn",
                     help="model of the traced run drawn as the timeline ('' to skip)")
     ap.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
-    ap.add_argument("--results-dir", default=os.path.join(ROOT, "bench", "results"))
+                                                          os.path.join(ROOT, "build")),
+                    help="where bin/ddprun, bin/bench_allreduce and bin/bench_compare are")
+    ap.add_argument("--results-dir", default=os.path.join(ROOT, "bench", "results"),
+                    help="where the report (and raw/ data) go")
     ap.add_argument("--name", default=None,
                     help="report file stem (default: compare, or compare-quick with --quick)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
@@ -177,7 +182,10 @@ class Bench:
         # Median over the measured iterations (robust to a neighbour's burst on a shared
         # machine), of the slowest rank.
         medians = [report.med(r["iter_s"]) for r in ranks]
-        return {"t": max(medians), "rank_medians": medians, "ranks": ranks,
+        # CPU time of all threads per iteration, averaged over ranks: what the work costs,
+        # whatever else the machine runs.
+        cpu = sum(r["cpu_s"] / len(r["iter_s"]) for r in ranks) / len(ranks)
+        return {"t": max(medians), "rank_medians": medians, "cpu": cpu, "ranks": ranks,
                 "cmd": self.launcher.describe(world, [c.replace(out, "OUT") for c in cmd])}
 
     def raw_allreduce(self, sizes):

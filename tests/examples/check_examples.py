@@ -8,7 +8,7 @@
       test accuracy it reported equals what PyTorch computes with the saved weights on
       the same test images (so each test image was counted exactly once); the metrics
       file parses; --resume continues with epoch 2, keeps epoch 1's record and ends with
-      the model an uninterrupted 2-epoch run ends with.
+      the model an uninterrupted 2-epoch run (with --trace) ends with.
 
   check_examples.py minimal DDPRUN MINIMAL
       examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
@@ -43,6 +43,13 @@ def run(cmd, timeout):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout)
     return p.returncode, p.stdout
+
+
+def with_option(args, flag, value):
+    """args with the value after `flag` replaced."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
 
 
 def python_net():
@@ -108,12 +115,11 @@ def cmd_run(ddprun, binary, work):
     args = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "1",
             "--train-samples", str(TRAIN_SAMPLES), "--test-samples", str(TEST_SAMPLES),
             "--batch-size", "32", "--lr", str(LR), "--threads", "1", "--run-dir", work,
-            "--name", "t",
-            "--progress", "plain"]
+            "--name", "t", "--progress", "plain"]
     code, out = run(args, timeout=150)
     if code != 0:
         fail(f"exit code {code}, expected 0", out)
-    for needle in ["[rank 0]: epoch 1/1  train loss", "train loss", "test accuracy", "[rank 0]: done:"]:
+    for needle in ["[rank 0]: epoch 1/1  train loss", "test accuracy", "[rank 0]: done:"]:
         if needle not in out:
             fail(f"output lacks {needle!r}", out)
     if "[rank 1]: epoch" in out:
@@ -156,8 +162,7 @@ def cmd_run(ddprun, binary, work):
             fail(f"model.pt and the final checkpoint differ at {k}")
 
     # --resume: continues with epoch 2 and keeps epoch 1's record.
-    code, out = run(args[:args.index("--epochs")] + ["--epochs", "2"] + args[args.index("--epochs") + 2:]
-                    + ["--resume"], timeout=150)
+    code, out = run(with_option(args, "--epochs", "2") + ["--resume"], timeout=150)
     if code != 0:
         fail(f"--resume: exit code {code}, expected 0", out)
     if "resuming from" not in out or "epoch 1/2  train" in out or "epoch 2/2  train" not in out:
@@ -167,11 +172,17 @@ def cmd_run(ddprun, binary, work):
         fail(f"--resume: metrics {resumed}, expected epoch 1's record {metrics[0]} then epoch 2")
     # ... and ends where an uninterrupted 2-epoch run ends: the checkpoint restored the
     # optimizer state, the sampler's order and every rank's RNG (dropout).
-    two = args[:args.index("--epochs")] + ["--epochs", "2"] + args[args.index("--epochs") + 2:]
-    two[two.index("--name") + 1] = "straight"
-    code, out = run(two, timeout=150)
+    # (With --trace too: tracing must not change the numbers, and each rank writes one.)
+    code, out = run(with_option(with_option(args, "--epochs", "2"), "--name", "straight")
+                    + ["--trace"], timeout=150)
     if code != 0:
         fail(f"2 epochs straight: exit code {code}, expected 0", out)
+    for r in range(2):
+        with open(os.path.join(work, "straight", f"trace-rank{r}.json")) as f:
+            trace = json.load(f)
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        if not any(e.get("name") == "all_reduce" for e in events):
+            fail(f"trace-rank{r}.json has no all_reduce event")
     straight = read_metrics(os.path.join(work, "straight", "metrics.jsonl"))
     for key in ["train_loss", "test_accuracy"]:
         if abs(straight[1][key] - resumed[1][key]) > 1e-6 * max(1.0, abs(straight[1][key])):

@@ -3,7 +3,9 @@
 // run.py launches both with ddprun and compares them.
 //
 // Each rank writes <out>/rank<r>.json: per-iteration times of the measured iterations and,
-// under DDP, ddp-cpp's IterationStats of each of them (read after the timed region).
+// under DDP, ddp-cpp's IterationStats of each of them (read after the timed region). With
+// --with-plain 1 (world size 1) it also times the loop without DDP on the same module, in
+// blocks alternating with the DDP loop (see Note [Paired overhead] in bench_py.py).
 //
 //   ddprun --nproc-per-node 2 -- bench_compare --model small --ddp 1 --out DIR
 
@@ -23,6 +25,7 @@
 #include <ctime>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -40,6 +43,8 @@ struct Args {
   double lr = 0.01;
   bool set_to_none = true;
   int check_steps = 0;
+  bool with_plain = false;
+  int block = 5;
   std::string trace;
   std::string out;
 };
@@ -48,7 +53,7 @@ struct Args {
   std::cerr << "bench_compare: " << problem << "\n"
             << "usage: bench_compare --model small|cnn|wide --out DIR [--ddp 1] [--warmup 10]\n"
                "       [--iters 50] [--bucket-cap-mb 25] [--lr 0.01] [--set-to-none 1]\n"
-               "       [--check-steps K] [--trace PATH]\n";
+               "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n";
   std::exit(2);
 }
 
@@ -66,12 +71,15 @@ Args parse(int argc, char** argv) {
     else if (flag == "--lr") a.lr = std::stod(v);
     else if (flag == "--set-to-none") a.set_to_none = std::stoi(v) != 0;
     else if (flag == "--check-steps") a.check_steps = std::stoi(v);
+    else if (flag == "--with-plain") a.with_plain = std::stoi(v) != 0;
+    else if (flag == "--block") a.block = std::stoi(v);
     else if (flag == "--trace") a.trace = v;
     else if (flag == "--out") a.out = v;
     else usage("unknown flag " + flag);
   }
   if (a.model.empty() || a.out.empty()) usage("--model and --out are required");
   if (a.iters < 1) usage("--iters must be >= 1");
+  if (a.block < 1) usage("--block must be >= 1");
   return a;
 }
 
@@ -117,6 +125,19 @@ void dump_parameters(torch::nn::Module& model, const std::string& path) {
   TORCH_CHECK(f.good(), "cannot write ", path);
 }
 
+// optimizer.zero_grad(set_to_none) spelled out: its default differs between LibTorch
+// 1.13 (zero) and 2.x (none); Python passes the same value explicitly.
+void zero_grad(std::vector<at::Tensor>& params, bool set_to_none) {
+  for (auto& p : params) {
+    if (set_to_none) {
+      p.mutable_grad() = at::Tensor();
+    } else if (p.grad().defined()) {
+      p.mutable_grad().detach_();
+      p.mutable_grad().zero_();
+    }
+  }
+}
+
 double process_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -128,6 +149,34 @@ int64_t num_parameters(torch::nn::Module& model) {
   for (const auto& p : model.parameters()) n += p.numel();
   return n;
 }
+
+// One training loop: forward (through DDP or not), cross-entropy, backward, SGD. The
+// DDP loop and the plain one run the very same code.
+struct Loop {
+  Loop(torch::nn::Sequential m, double lr)
+      : model(std::move(m)),
+        params(model->parameters()),
+        optimizer(params, torch::optim::SGDOptions(lr)),
+        forward([this](const at::Tensor& x) { return model->forward(x); }) {}
+
+  void step(const at::Tensor& x, const at::Tensor& y, bool set_to_none) {
+    zero_grad(params, set_to_none);
+    auto loss = torch::nn::functional::cross_entropy(forward(x), y);
+    loss.backward();
+    if (traced != nullptr) {
+      ddp::trace::Scope scope(*traced, "optimizer.step");
+      optimizer.step();
+    } else {
+      optimizer.step();
+    }
+  }
+
+  torch::nn::Sequential model;
+  std::vector<at::Tensor> params;
+  torch::optim::SGD optimizer;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  const ddp::DistributedDataParallelBase* traced = nullptr;  // marks optimizer.step
+};
 
 int run(const Args& args) {
   at::set_num_threads(1);
@@ -148,63 +197,78 @@ int run(const Args& args) {
     if (!args.trace.empty()) options.trace_path(args.trace);
     dmodel = DDP(model, options);
   }
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(args.lr));
   auto data = bench::batches(args.model, rank);
-  auto params = model->parameters();
-  const bool tracing = args.ddp && !args.trace.empty();
 
-  auto step = [&](int i) {
+  Loop main_loop(model, args.lr);
+  if (args.ddp) {
+    main_loop.forward = [&dmodel](const at::Tensor& x) { return dmodel->forward(x); };
+    if (!args.trace.empty()) main_loop.traced = dmodel.ptr().get();
+  }
+  // --with-plain: the same loop without DDP, on the same module (its own forward, not
+  // the wrapper's), so that both loops use the very same tensors. See Note [Paired
+  // overhead] in bench_py.py.
+  std::unique_ptr<Loop> plain_loop;
+  if (args.with_plain) {
+    TORCH_CHECK(args.ddp && world == 1, "--with-plain 1 needs --ddp 1 and world size 1");
+    plain_loop = std::make_unique<Loop>(model, args.lr);
+  }
+  auto step = [&](Loop& loop, int i) {
     const auto& batch = data[i % data.size()];
-    // optimizer.zero_grad(set_to_none) spelled out: its default differs between
-    // LibTorch 1.13 (zero) and 2.x (none); Python passes the same value explicitly.
-    for (auto& p : params) {
-      if (args.set_to_none) {
-        p.mutable_grad() = at::Tensor();
-      } else if (p.grad().defined()) {
-        p.mutable_grad().detach_();
-        p.mutable_grad().zero_();
-      }
-    }
-    auto output = args.ddp ? dmodel->forward(batch.first) : model->forward(batch.first);
-    auto loss = torch::nn::functional::cross_entropy(output, batch.second);
-    loss.backward();
-    if (tracing) {
-      ddp::trace::Scope scope(dmodel, "optimizer.step");
-      optimizer.step();
-    } else {
-      optimizer.step();
-    }
+    loop.step(batch.first, batch.second, args.set_to_none);
   };
 
   if (args.check_steps > 0) {
-    for (int i = 0; i < args.check_steps; ++i) step(i);
+    for (int i = 0; i < args.check_steps; ++i) step(main_loop, i);
     dump_parameters(*model, args.out + "/rank" + std::to_string(rank) + ".bin");
     return 0;
   }
 
-  for (int i = 0; i < args.warmup; ++i) step(i);
+  for (int i = 0; i < args.warmup; ++i) {
+    step(main_loop, i);
+    if (plain_loop) step(*plain_loop, i);
+  }
   if (args.ddp) ddp::barrier();
-  std::vector<double> times;
+
+  // Timed iterations; with --with-plain in alternating blocks (ABBA...) of the two loops,
+  // so that both see the same process and the same moment of the machine.
+  std::vector<double> times, plain_times;
   std::vector<ddp::IterationStats> stats;
   times.reserve(args.iters);
+  plain_times.reserve(args.iters);
   stats.reserve(args.iters);
-  const double cpu_start = process_cpu_seconds();  // every thread, Gloo's included
-  for (int i = 0; i < args.iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    step(args.warmup + i);
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (args.ddp) stats.push_back(dmodel->last_iteration_stats());
+  double cpu_s = 0, plain_cpu_s = 0;  // every thread of the process, Gloo's included
+  auto run_block = [&](bool is_plain) {
+    auto& t = is_plain ? plain_times : times;
+    const double cpu_start = process_cpu_seconds();
+    for (int k = 0; k < args.block && static_cast<int>(t.size()) < args.iters; ++k) {
+      const int i = args.warmup + static_cast<int>(t.size());
+      const auto start = std::chrono::steady_clock::now();
+      step(is_plain ? *plain_loop : main_loop, i);
+      t.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (args.ddp && !is_plain) stats.push_back(dmodel->last_iteration_stats());
+    }
+    (is_plain ? plain_cpu_s : cpu_s) += process_cpu_seconds() - cpu_start;
+  };
+  for (int b = 0; static_cast<int>(times.size()) < args.iters ||
+                  (args.with_plain && static_cast<int>(plain_times.size()) < args.iters);
+       ++b) {
+    const bool plain_first = args.with_plain && b % 2 == 1;
+    run_block(plain_first);
+    if (args.with_plain) run_block(!plain_first);
   }
-  const double cpu_s = process_cpu_seconds() - cpu_start;
 
   std::ostringstream o;
   o << "{\"side\":\"cpp\",\"model\":\"" << args.model << "\",\"ddp\":" << (args.ddp ? 1 : 0)
     << ",\"rank\":" << rank << ",\"world_size\":" << world
     << ",\"batch\":" << bench::spec(args.model).batch
     << ",\"num_parameters\":" << num_parameters(*model) << ",\"iter_s\":" << json_list(times)
-    << ",\"cpu_s\":" << cpu_s << ",\"torch\":\"" << TORCH_VERSION << "\",\"stats\":";
-  if (args.ddp) {
+    << ",\"cpu_s\":" << cpu_s << ",\"torch\":\"" << TORCH_VERSION << "\"";
+  if (args.with_plain) {
+    o << ",\"plain_iter_s\":" << json_list(plain_times) << ",\"plain_cpu_s\":" << plain_cpu_s;
+  }
+  o << ",\"stats\":";
+  if (args.ddp && world > 1) {
     o << "{\"iterations\":[";
     for (size_t i = 0; i < stats.size(); ++i) o << (i ? "," : "") << stats_json(stats[i]);
     o << "]}";

@@ -3,7 +3,9 @@ torch.nn.parallel.DistributedDataParallel. bench_cpp.cpp is the same program in 
 ddp::DistributedDataParallel; run.py launches both with ddprun and compares them.
 
 Each rank writes <out>/rank<r>.json: per-iteration times of the measured iterations and,
-under DDP, PyTorch's own runtime statistics (see stats_pass below).
+under DDP, PyTorch's own runtime statistics (see stats_pass below). With --with-plain 1
+(world size 1) the process also times the loop without DDP on the same module,
+alternating blocks of iterations with the DDP one (Note [Paired overhead]).
 
   ddprun --nproc-per-node 2 -- /usr/bin/python3 bench_py.py --model small --ddp 1 --out DIR
 """
@@ -36,6 +38,11 @@ def parse_args():
     ap.add_argument("--stats-iters", type=int, default=10,
                     help="DDP iterations after the measured ones that sample PyTorch's "
                          "runtime statistics")
+    ap.add_argument("--with-plain", type=int, default=0,
+                    help="1 (with --ddp 1 at world size 1): also time the same loop without "
+                         "DDP on the same module, in alternating blocks")
+    ap.add_argument("--block", type=int, default=5,
+                    help="iterations per block when alternating with --with-plain")
     ap.add_argument("--out", required=True)
     return ap.parse_args()
 
@@ -44,6 +51,42 @@ def dump_parameters(model, path):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     with open(path, "wb") as f:
         f.write(flat.numpy().tobytes())
+
+
+def make_step(net, model, lr, data, set_to_none):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step(i):
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=set_to_none)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def measure(steps, first, iters, block):
+    """Runs `iters` timed iterations of every step function in `steps` (a dict), in
+    alternating blocks of `block` iterations (ABBA...), so that both see the same machine.
+    Returns {name: (per-iteration seconds, CPU seconds of the process)}."""
+    times = {name: [] for name in steps}
+    cpu = {name: 0.0 for name in steps}
+    order = list(steps)
+    b = 0
+    while any(len(t) < iters for t in times.values()):
+        for name in (order if b % 2 == 0 else order[::-1]):
+            cpu_start = time.process_time()  # every thread of this process, Gloo's included
+            for _ in range(block):
+                if len(times[name]) >= iters:
+                    break
+                start = time.perf_counter()
+                steps[name](first + len(times[name]))
+                times[name].append(time.perf_counter() - start)
+            cpu[name] += time.process_time() - cpu_start
+        b += 1
+    return {name: (times[name], cpu[name]) for name in steps}
 
 
 def main():
@@ -58,22 +101,26 @@ def main():
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     elif world != 1:
         raise SystemExit(f"--ddp 0 runs one process, but WORLD_SIZE is {world}")
+    if args.with_plain and not (args.ddp and world == 1):
+        raise SystemExit("--with-plain 1 needs --ddp 1 and world size 1")
 
     model = models.build(args.model)
     net = model
     if args.ddp:
         net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     data = models.batches(args.model, rank)
     set_to_none = bool(args.set_to_none)
-
-    def step(i):
-        x, y = data[i % len(data)]
-        opt.zero_grad(set_to_none=set_to_none)
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = make_step(net, model, args.lr, data, set_to_none)
+    steps = {"main": step}
+    if args.with_plain:
+        # Note [Paired overhead]: the loop without DDP runs in this process on the same
+        # module (its own forward instead of the wrapper's), alternating blocks of
+        # iterations with the DDP loop. Separate launches differ by up to 10% on this
+        # machine, and so do two copies of a model in one process (where glibc puts their
+        # weights), which would drown a 1% overhead. Outside a DDP forward, PyTorch's
+        # gradient hooks return at once (the reducer expects no hooks), and ddp-cpp at
+        # world size 1 registers none.
+        steps["plain"] = make_step(model, model, args.lr, data, set_to_none)
 
     os.makedirs(args.out, exist_ok=True)
     if args.check_steps:
@@ -85,24 +132,22 @@ def main():
         return
 
     for i in range(args.warmup):
-        step(i)
+        for s in steps.values():
+            s(i)
     if args.ddp:
         dist.barrier()
-    times = []
-    cpu_start = time.process_time()  # every thread of this process, Gloo's included
-    for i in range(args.iters):
-        start = time.perf_counter()
-        step(args.warmup + i)
-        times.append(time.perf_counter() - start)
-    cpu_s = time.process_time() - cpu_start
+    measured = measure(steps, args.warmup, args.iters, args.block)
 
     result = {
         "side": "py", "model": args.model, "ddp": args.ddp, "rank": rank,
         "world_size": world, "batch": models.SPECS[args.model][0],
         "num_parameters": models.num_parameters(model),
-        "iter_s": times, "cpu_s": cpu_s, "stats": stats_pass(net, step, args) if args.ddp else None,
+        "iter_s": measured["main"][0], "cpu_s": measured["main"][1],
+        "stats": stats_pass(net, step, args) if args.ddp and world > 1 else None,
         "torch": torch.__version__,
     }
+    if "plain" in measured:
+        result["plain_iter_s"], result["plain_cpu_s"] = measured["plain"]
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     if args.ddp:

@@ -199,6 +199,12 @@ def markdown(data):
 
     add("## 2. DDP overhead at world size 1 (DDP against the same loop without DDP)")
     add("")
+    add("Both loops run in the same process on the same module (the plain loop calls the "
+        "module's own forward instead of the DDP wrapper's), alternating blocks of 5 "
+        "iterations (ABBA...), so that the variation between launches (up to ±10% on this "
+        "machine for the same binary) and where the allocator put a model's weights do not "
+        "enter the ratio. The plain columns are also the 1-process baselines of section 3.")
+    add("")
     add("| model | ddp-cpp plain (ms) | ddp-cpp DDP (ms) | ddp-cpp overhead | "
         "PyTorch plain (ms) | PyTorch DDP (ms) | PyTorch overhead |")
     add("|---|---:|---:|---:|---:|---:|---:|")
@@ -425,7 +431,7 @@ def _cpp_torch(data):
 def example_commands(data):
     out = []
     for trials in data["trials"].values():
-        for k in ("cpp-ddp-2", "py-ddp-2", "cpp-plain-1"):
+        for k in ("cpp-ddp-2", "py-ddp-2", "cpp-ddp-1"):
             if k in trials:
                 out.append(trials[k][0]["cmd"])
         break

@@ -32,10 +32,11 @@ import traces as traces_mod  # noqa: E402
 PYTHON = "/usr/bin/python3"
 
 # (side, mode, world size); mode "ddp" wraps the model, "plain" is the loop without DDP.
+# One launch each. The world-size-1 DDP launch also times the loop without DDP ("plain")
+# in the same process, alternating blocks of iterations (--with-plain).
 CONFIGS = [
     ("cpp", "ddp", 2), ("py", "ddp", 2),
     ("cpp", "ddp", 1), ("py", "ddp", 1),
-    ("cpp", "plain", 1), ("py", "plain", 1),
 ]
 MODELS = ["small", "cnn", "wide"]
 
@@ -51,7 +52,7 @@ def parse_args(argv):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 trial, 2 warm-up and 5 measured iterations, no all-reduce sweep")
-    ap.add_argument("--trials", type=int, default=5, help="trials per configuration")
+    ap.add_argument("--trials", type=int, default=7, help="trials per configuration (>= 5)")
     ap.add_argument("--warmup", type=int, default=10, help="warm-up iterations per trial")
     ap.add_argument("--iters", type=int, default=50, help="measured iterations per trial")
     ap.add_argument("--stats-iters", type=int, default=10,
@@ -176,17 +177,17 @@ class Bench:
     # ---- timing -----------------------------------------------------------------------
 
     def trial(self, model, side, mode, world):
-        out, cmd = self.launch(side, model, mode, world)
+        """One launch. Returns {config key: trial}; the world-size-1 DDP launch yields the
+        plain loop's trial too."""
+        extra = ["--with-plain", "1"] if mode == "ddp" and world == 1 else []
+        out, cmd = self.launch(side, model, mode, world, extra)
         ranks = launch.read_ranks(out, world)
         shutil.rmtree(out, ignore_errors=True)
-        # Median over the measured iterations (robust to a neighbour's burst on a shared
-        # machine), of the slowest rank.
-        medians = [report.med(r["iter_s"]) for r in ranks]
-        # CPU time of all threads per iteration, averaged over ranks: what the work costs,
-        # whatever else the machine runs.
-        cpu = sum(r["cpu_s"] / len(r["iter_s"]) for r in ranks) / len(ranks)
-        return {"t": max(medians), "rank_medians": medians, "cpu": cpu, "ranks": ranks,
-                "cmd": self.launcher.describe(world, [c.replace(out, "OUT") for c in cmd])}
+        shown = self.launcher.describe(world, [c.replace(out, "OUT") for c in cmd])
+        result = {key(side, mode, world): summarise(ranks, "", shown)}
+        if extra:
+            result[key(side, "plain", 1)] = summarise(ranks, "plain_", shown)
+        return result
 
     def raw_allreduce(self, sizes):
         """Median all-reduce time of each size in bytes, from bench_allreduce at 2 ranks."""
@@ -251,6 +252,26 @@ class Bench:
         return result
 
 
+def summarise(ranks, prefix, cmd):
+    """A trial's figures from its ranks' results: `prefix` "" for the main loop, "plain_"
+    for the loop without DDP timed alongside it."""
+    iters = [r[prefix + "iter_s"] for r in ranks]
+    # Median over the measured iterations (robust to a neighbour's burst on a shared
+    # machine), of the slowest rank.
+    medians = [report.med(t) for t in iters]
+    # CPU time of all threads per iteration, averaged over ranks: what the work costs,
+    # whatever else the machine runs.
+    cpu = sum(r[prefix + "cpu_s"] / len(t) for r, t in zip(ranks, iters)) / len(ranks)
+    if prefix:
+        ranks = [{k: v for k, v in r.items() if k not in ("iter_s", "cpu_s", "stats")}
+                 for r in ranks]
+        for r in ranks:
+            r["iter_s"], r["cpu_s"], r["stats"] = r.pop(prefix + "iter_s"), r.pop(
+                prefix + "cpu_s"), None
+    return {"t": max(medians), "rank_medians": medians, "cpu": cpu, "ranks": ranks,
+            "cmd": cmd}
+
+
 def parse_allreduce_table(text):
     rows = []
     for line in text.splitlines():
@@ -302,11 +323,10 @@ def main(argv=None):
         for t in range(args.trials):
             for model in args.models:
                 for side, mode, world in CONFIGS:
-                    tr = bench.trial(model, side, mode, world)
-                    data["trials"][model].setdefault(key(side, mode, world), []).append(tr)
-                    print("[compare] trial %d/%d %-5s %-22s %8.2f ms"
-                          % (t + 1, args.trials, model, key(side, mode, world), tr["t"] * 1e3),
-                          flush=True)
+                    for k, tr in bench.trial(model, side, mode, world).items():
+                        data["trials"][model].setdefault(k, []).append(tr)
+                        print("[compare] trial %d/%d %-5s %-22s %8.2f ms"
+                              % (t + 1, args.trials, model, k, tr["t"] * 1e3), flush=True)
 
         sizes = set()
         for model in args.models:

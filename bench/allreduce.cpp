@@ -2,7 +2,11 @@
 // a float32 SUM all-reduce, its algorithm bandwidth (bytes / time) and bus bandwidth
 // (algbw * 2(n-1)/n, the bytes each rank's link carries in a ring).
 //
-// Run under a launcher:  ddprun --nproc-per-node 2 --no-prefix -- bench_allreduce
+// Run under a launcher:  ddprun --nproc-per-node 2 --no-prefix -- bench_allreduce [MIN [MAX [busy]]]
+//
+// With "busy", every rank also runs one compute thread (a loop of single-threaded
+// matrix products) for the whole measurement, the way backward computes while DDP's
+// buckets are in flight: the same all-reduce, but sharing the cores with work.
 
 #include <ddp/process_group.h>
 
@@ -10,10 +14,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -40,16 +46,27 @@ int main(int argc, char** argv) {
   int64_t min_bytes = 4 << 10, max_bytes = 64 << 20;
   if (argc > 1) min_bytes = std::atoll(argv[1]);
   if (argc > 2) max_bytes = std::atoll(argv[2]);
+  const bool busy = argc > 3 && std::string(argv[3]) == "busy";
   at::set_num_threads(1);
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo"));
   auto pg = ddp::default_group();
   const int n = pg->size();
   const bool leader = pg->rank() == 0;
   if (leader) {
-    std::printf("# all_reduce (SUM, float32), backend %s, %d ranks; median of repeats\n",
-                pg->backend().c_str(), n);
+    std::printf("# all_reduce (SUM, float32), backend %s, %d ranks%s; median of repeats\n",
+                pg->backend().c_str(), n, busy ? ", one compute thread per rank" : "");
     std::printf("| size | time (us) | algbw (GB/s) | busbw (GB/s) |\n");
     std::printf("|---:|---:|---:|---:|\n");
+  }
+  std::atomic<bool> stop{false};
+  std::thread compute;
+  if (busy) {
+    compute = std::thread([&stop] {
+      at::set_num_threads(1);
+      auto a = at::rand({256, 256});
+      auto b = at::rand({256, 256});
+      while (!stop.load(std::memory_order_relaxed)) a = at::mm(a, b).div_(256);
+    });
   }
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     auto t = at::ones({bytes / 4}, at::kFloat);
@@ -77,5 +94,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  stop = true;
+  if (compute.joinable()) compute.join();
   return 0;
 }

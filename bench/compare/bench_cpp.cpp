@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <ctime>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -197,6 +198,7 @@ int run(const Args& args) {
     if (!args.trace.empty()) options.trace_path(args.trace);
     dmodel = DDP(model, options);
   }
+  std::filesystem::create_directories(args.out);
   auto data = bench::batches(args.model, rank);
 
   Loop main_loop(model, args.lr);

@@ -17,7 +17,19 @@ BENCH_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "GLOO_SOCKET_IFNAME", "GLIBC_TUNABLES")
 
 
-def bench_env(hugetlb):
+# See docs/benchmarks.md, "Page faults". "tuned": glibc keeps freed memory for reuse
+# (no mmap for large blocks, no trimming) and backs it with transparent huge pages, so
+# that a steady training loop stops faulting in fresh pages; "hugetlb": huge pages only;
+# "default": glibc as it comes. Applies to both sides alike.
+MALLOC = {
+    "tuned": "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
+             "glibc.malloc.trim_threshold=17179869184",
+    "hugetlb": "glibc.malloc.hugetlb=1",
+    "default": None,
+}
+
+
+def bench_env(malloc):
     """The environment every rank of every side runs with."""
     env = dict(os.environ)
     env.update({
@@ -29,10 +41,8 @@ def bench_env(hugetlb):
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONUNBUFFERED": "1",
     })
-    if hugetlb:
-        # See docs/benchmarks.md, "Page faults": let glibc back large allocations with
-        # transparent huge pages. Applies to both sides alike.
-        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+    if MALLOC[malloc]:
+        env["GLIBC_TUNABLES"] = MALLOC[malloc]
     else:
         env.pop("GLIBC_TUNABLES", None)
     return env

@@ -1,6 +1,6 @@
 #pragma once
 
-// The benchmark's three models, their deterministic initialisation and synthetic data:
+// The benchmark's models, their deterministic initialisation and synthetic data:
 // the C++ twin of models.py, which documents the formulas. The two must stay in step;
 // run.py checks that they do by training both and comparing every parameter.
 
@@ -21,7 +21,7 @@ struct ModelSpec {
   std::vector<int64_t> input;   // one sample's shape
 };
 
-/// small, cnn or wide; throws on any other name.
+/// small, cnn, wide or tiny; throws on any other name.
 ModelSpec spec(const std::string& name);
 
 /// The model with its closed-form initial weights.

@@ -9,6 +9,8 @@ checks it (run.py trains both for a few steps and compares every parameter).
          and reduced while the convolutions' backward runs).
   wide   MLP 1024-4096-4096-1024-10, 25.2 M parameters (101 MB of gradients):
          communication dominates.
+  tiny   one Linear 16-10 on 4 samples: next to no work, so that an iteration is mostly
+         framework; it measures DDP's fixed cost per iteration at world size 1.
 
 Weights come from a closed form, not from a random generator, so that C++ and Python
 start from bit-identical values without sharing a file:
@@ -32,6 +34,7 @@ SPECS = {
     "small": (32, (512,)),
     "cnn": (16, (3, 32, 32)),
     "wide": (8, (1024,)),
+    "tiny": (4, (16,)),
 }
 
 
@@ -55,8 +58,10 @@ def build(name):
             nn.Linear(4096, 4096), nn.ReLU(),
             nn.Linear(4096, 1024), nn.ReLU(),
             nn.Linear(1024, NUM_CLASSES))
+    elif name == "tiny":
+        model = nn.Sequential(nn.Linear(16, NUM_CLASSES))
     else:
-        raise ValueError(f"unknown model {name!r}: expected small, cnn or wide")
+        raise ValueError(f"unknown model {name!r}: expected small, cnn, wide or tiny")
     init_deterministic(model)
     return model
 

@@ -65,8 +65,9 @@ def parse_args(argv):
                     help="SGD steps before comparing C++ and Python parameters")
     ap.add_argument("--rtol", type=float, default=1e-4,
                     help="relative tolerance of the parameter comparison")
-    ap.add_argument("--no-hugetlb", action="store_true",
-                    help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (docs/benchmarks.md)")
+    ap.add_argument("--malloc", choices=sorted(launch.MALLOC), default="tuned",
+                    help="glibc malloc settings of every rank, both sides alike "
+                         "(docs/benchmarks.md, 'Page faults')")
     ap.add_argument("--timeline-model", default="cnn",
                     help="model of the traced run drawn as the timeline ('' to skip)")
     ap.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
@@ -99,7 +100,7 @@ class Bench:
         self.args = args
         self.bin = os.path.join(args.build_dir, "bin")
         self.cpp = os.path.join(self.bin, "bench_compare")
-        self.env = launch.bench_env(not args.no_hugetlb)
+        self.env = launch.bench_env(args.malloc)
         self.launcher = launch.Launcher(os.path.join(self.bin, "ddprun"), self.env,
                                         args.timeout, args.verbose)
         self.tmp = tempfile.mkdtemp(prefix="ddp-bench-")
@@ -189,15 +190,35 @@ class Bench:
             result[key(side, "plain", 1)] = summarise(ranks, "plain_", shown)
         return result
 
-    def raw_allreduce(self, sizes):
-        """Median all-reduce time of each size in bytes, from bench_allreduce at 2 ranks."""
+    def fixed_cost(self, side):
+        """DDP's fixed cost per iteration at world size 1: the tiny model's DDP loop
+        against its plain loop, alternating blocks of 100 iterations in one process.
+        Returns the difference of their medians, in seconds, and both medians."""
+        out = tempfile.mkdtemp(dir=self.tmp)
+        iters = 200 if self.args.quick else 2000
+        common = ["--model", "tiny", "--ddp", "1", "--warmup", "200", "--iters", str(iters),
+                  "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out,
+                  "--with-plain", "1", "--block", "100"]
+        cmd = ([self.cpp] + common if side == "cpp" else
+               [PYTHON, os.path.join(HERE, "bench_py.py")] + common)
+        self.launcher.run(1, cmd, "%s tiny fixed cost" % side)
+        r = launch.read_ranks(out, 1)[0]
+        shutil.rmtree(out, ignore_errors=True)
+        ddp, plain = report.med(r["iter_s"]), report.med(r["plain_iter_s"])
+        return {"cost_s": ddp - plain, "ddp_s": ddp, "plain_s": plain,
+                "cmd": self.launcher.describe(1, [c.replace(out, "OUT") for c in cmd])}
+
+    def raw_allreduce(self, sizes, busy=False):
+        """Median all-reduce time of each size in bytes, from bench_allreduce at 2 ranks;
+        `busy`: with one compute thread per rank running alongside."""
         out = {}
         for size in sorted(set(sizes)):
             size = int(size) // 4 * 4
             if size <= 0 or size in out:
                 continue
             text = self.launcher.run(2, [os.path.join(self.bin, "bench_allreduce"), str(size),
-                                         str(size)], "bench_allreduce %d" % size)
+                                         str(size)] + (["busy"] if busy else []),
+                                     "bench_allreduce %d%s" % (size, " busy" if busy else ""))
             out[size] = parse_allreduce_table(text)[0]["time_s"]
         return out
 
@@ -307,7 +328,7 @@ def main(argv=None):
         "compiler": launch.command_output(["c++", "--version"]).splitlines()[:1],
         "settings": {k: getattr(args, k) for k in (
             "trials", "warmup", "iters", "stats_iters", "bucket_cap_mb", "check_steps",
-            "rtol", "quick", "no_hugetlb", "models")},
+            "rtol", "quick", "malloc", "models")},
         "argv": sys.argv[1:] if argv is None else argv,
     }
     bench = Bench(args)
@@ -327,6 +348,12 @@ def main(argv=None):
                         data["trials"][model].setdefault(k, []).append(tr)
                         print("[compare] trial %d/%d %-5s %-22s %8.2f ms"
                               % (t + 1, args.trials, model, k, tr["t"] * 1e3), flush=True)
+            for side in ("cpp", "py"):
+                fc = bench.fixed_cost(side)
+                data.setdefault("fixed_cost", {}).setdefault(side, []).append(fc)
+                print("[compare] trial %d/%d tiny  %-22s %8.2f us"
+                      % (t + 1, args.trials, side + " fixed cost", fc["cost_s"] * 1e6),
+                      flush=True)
 
         sizes = set()
         for model in args.models:
@@ -334,6 +361,8 @@ def main(argv=None):
                 sizes.update(report.bucket_sizes(data["trials"][model][k], k.split("-")[0]))
         print("[compare] raw Gloo all-reduce at %d bucket sizes" % len(sizes), flush=True)
         data["raw_allreduce"] = {str(k): v for k, v in bench.raw_allreduce(sizes).items()}
+        data["raw_allreduce_busy"] = {
+            str(k): v for k, v in bench.raw_allreduce(sizes, busy=True).items()}
         if not args.quick:
             data["allreduce_sweep"] = bench.allreduce_sweep()
         print("[compare] loopback ceiling", flush=True)

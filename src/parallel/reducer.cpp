@@ -37,6 +37,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       comm_hook_(comm_hooks::allreduce_hook()) {
   const size_t n = params_.size();
   for (const auto& p : params_) specs_.push_back(ParamSpec{p.numel(), p.scalar_type(), p.device()});
+  inverse_world_ = at::scalar_tensor(1.0 / pg_->size(), at::kDouble);
   ready_.assign(n, false);
   unused_.assign(n, false);
   locally_used_.assign(n, false);
@@ -182,10 +183,16 @@ void Reducer::begin_backward() {
   }
 }
 
+// Note [Pre-scaled buckets]
+// With the default hook, each gradient is multiplied by 1/world_size while it is copied
+// into its bucket (one pass instead of a copy and a division), and the bucket is then
+// summed. This is PyTorch's arithmetic too (x * (1/n), or x / n for a gradient that
+// already lives in its bucket), so both produce the same bits. A custom hook gets the
+// plain sum of the local gradients, as in PyTorch.
 void Reducer::mark_ready(size_t index) {
   const Slot slot = slots_[index];
   Bucket& bucket = buckets_[slot.bucket];
-  const at::Tensor& view = bucket.views[slot.index];
+  at::Tensor& view = bucket.views[slot.index];
   const at::Tensor& grad = params_[index].grad();
   {
     at::NoGradGuard no_grad;
@@ -195,13 +202,20 @@ void Reducer::mark_ready(size_t index) {
       TORCH_CHECK(!grad.is_sparse(), "DistributedDataParallel", where(), ": parameter '",
                   names_[index], "' has a sparse gradient, which DDP does not reduce. Use a "
                   "dense gradient (e.g. Embedding without sparse=true).");
-      if (!options_.gradient_as_bucket_view) {
-        view.copy_(grad);
-      } else if (!grad.is_alias_of(view)) {
-        // First arrival (or after zero_grad(set_to_none)): adopt the bucket view, so
-        // later backward passes accumulate straight into the bucket.
-        view.copy_(grad);
-        params_[index].mutable_grad() = view;
+      const bool in_bucket = options_.gradient_as_bucket_view && grad.is_alias_of(view);
+      if (in_bucket) {
+        // Accumulated straight into the bucket by the engine.
+        if (prescaled()) view.div_(pg_->size());
+      } else {
+        if (prescaled()) {
+          at::mul_out(view, grad, inverse_world_);
+        } else {
+          view.copy_(grad);
+        }
+        // With gradient_as_bucket_view, the first arrival (or one after
+        // zero_grad(set_to_none)) adopts the bucket view, so that later backward
+        // passes accumulate straight into the bucket.
+        if (options_.gradient_as_bucket_view) params_[index].mutable_grad() = view;
       }
     }
   }
@@ -216,17 +230,24 @@ void Reducer::mark_ready(size_t index) {
 
 void Reducer::launch(size_t b) {
   Bucket& bucket = buckets_[b];
-  std::vector<at::Tensor> params;
-  params.reserve(bucket.params.size());
-  for (size_t i : bucket.params) params.push_back(params_[i]);
-  GradBucket grad_bucket(b, buckets_.size(), bucket.buffer, std::move(params), bucket.offsets,
-                         *pg_);
   // A fresh timing record per launch: a completion callback of an earlier iteration
   // that runs late cannot overwrite this one.
   auto timing = std::make_shared<BucketTiming>();
   timing->launch_ns = steady_now_ns();
   bucket.timing = timing;
-  auto future = comm_hook_->run_hook(grad_bucket);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  if (prescaled()) {
+    // The default hook, already divided (see Note [Pre-scaled buckets]).
+    std::vector<at::Tensor> tensors{bucket.buffer};
+    future = pg_->all_reduce_async(tensors, ReduceOp::SUM).future();
+  } else {
+    std::vector<at::Tensor> params;
+    params.reserve(bucket.params.size());
+    for (size_t i : bucket.params) params.push_back(params_[i]);
+    GradBucket grad_bucket(b, buckets_.size(), bucket.buffer, std::move(params),
+                           bucket.offsets, *pg_);
+    future = comm_hook_->run_hook(grad_bucket);
+  }
   TORCH_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
               "' returned a null future for bucket ", b, "; a hook must return the future "
               "of its reduction.");

@@ -90,6 +90,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void begin_backward();
   void mark_ready(size_t index);
   void launch(size_t bucket);
+  bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();
   void install_buckets(const BucketAssignment& assignment);
   bool records_ready_order() const;
@@ -97,8 +98,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   // reducer_finalize.cpp
   std::vector<int> global_use();
-  void wait_for_buckets(IterationStats& stats);
-  void write_back(const std::vector<int>& global_use);
+  /// Waits for every launched bucket; with `use`, writes each one back as soon as it
+  /// is reduced (see Note [Write-back per bucket]).
+  void wait_for_buckets(IterationStats& stats, const std::vector<int>* use);
+  void write_back(const Bucket& bucket, const std::vector<int>& global_use);
   void reset_iteration();
   void record_trace(const IterationStats& stats, int64_t finalize_start_ns,
                     int64_t wait_start_ns, int64_t wait_end_ns);
@@ -119,6 +122,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   const std::shared_ptr<TraceWriter> trace_;
   std::vector<ParamSpec> specs_;
   std::unique_ptr<GradHooks> hooks_;
+  at::Tensor inverse_world_;  // 0-dim 1/world_size, see Note [Pre-scaled buckets]
 
   mutable std::mutex mutex_;
   std::shared_ptr<CommHook> comm_hook_;

@@ -74,15 +74,14 @@ void Reducer::finalize_backward() {
     // them so no collective is left running on our buffers, then report at the next
     // forward (see Note [Iteration phases]).
     phase_ = Phase::kUnfinished;
-    wait_for_buckets(stats);
+    wait_for_buckets(stats, nullptr);
     return;
   }
 
   const std::vector<int> use = global_use();
-  wait_for_buckets(stats);
+  wait_for_buckets(stats, &use);
   const int64_t wait_end_ns = steady_now_ns();
   stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
-  write_back(use);
   if (static_first_iteration()) static_global_use_ = use;
   ++num_reduced_;
   reset_iteration();
@@ -105,7 +104,14 @@ std::vector<int> Reducer::global_use() {
   return std::vector<int>(data, data + params_.size());
 }
 
-void Reducer::wait_for_buckets(IterationStats& stats) {
+// Note [Write-back per bucket]
+// Buckets complete in launch order. Each one is written back to the parameters' .grad()
+// as soon as it is reduced, while the later ones are still in flight, so the copies
+// overlap communication instead of following all of it. Every gradient of a launched
+// bucket is final (backward has ended), so nothing else writes them meanwhile. If a
+// later bucket fails, the error is thrown with the earlier buckets already averaged:
+// the step must not be taken, and the process group has to be recreated anyway.
+void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* use) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     if (!bucket.future) continue;
@@ -141,24 +147,23 @@ void Reducer::wait_for_buckets(IterationStats& stats) {
     stats.bucket_bytes.push_back(bucket.bytes());
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;
+    if (use != nullptr) write_back(bucket, *use);
   }
 }
 
-void Reducer::write_back(const std::vector<int>& global_use) {
+void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_use) {
   at::NoGradGuard no_grad;
-  for (const Bucket& bucket : buckets_) {
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      const size_t i = bucket.params[k];
-      if (!global_use.empty() && global_use[i] == 0) continue;  // no rank used it
-      at::Tensor& grad = params_[i].mutable_grad();
-      const at::Tensor& view = bucket.views[k];
-      if (options_.gradient_as_bucket_view) {
-        if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
-      } else if (!grad.defined()) {
-        grad = view.clone();  // used on another rank only
-      } else {
-        grad.copy_(view);
-      }
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const size_t i = bucket.params[k];
+    if (!global_use.empty() && global_use[i] == 0) continue;  // no rank used it
+    at::Tensor& grad = params_[i].mutable_grad();
+    const at::Tensor& view = bucket.views[k];
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
+    } else if (!grad.defined()) {
+      grad = view.clone();  // used on another rank only
+    } else {
+      grad.copy_(view);
     }
   }
 }

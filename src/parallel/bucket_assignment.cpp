@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -29,12 +30,12 @@ BucketAssignment assign_buckets(const std::vector<ParamSpec>& params,
   struct Open {
     std::vector<size_t> members;
     size_t bytes = 0;
+    bool closed_one = false;  // a bucket of this dtype and device was closed already
   };
   // Keyed by (dtype, device); a std::map keeps the leftover buckets in a fixed order.
   using Key = std::pair<int, std::pair<int, int>>;
   std::map<Key, Open> open;
   std::vector<std::pair<size_t, std::vector<size_t>>> closed;  // (last position, members)
-  bool first_closed = false;
 
   std::vector<size_t> position(params.size());
   for (size_t pos = 0; pos < order.size(); ++pos) position[order[pos]] = pos;
@@ -47,14 +48,15 @@ BucketAssignment assign_buckets(const std::vector<ParamSpec>& params,
     Open& bucket = open[key];
     bucket.members.push_back(i);
     bucket.bytes += static_cast<size_t>(p.numel) * c10::elementSize(p.dtype);
-    const size_t cap = first_closed ? cap_bytes : first_cap_bytes;
+    const size_t cap = bucket.closed_one ? cap_bytes : first_cap_bytes;
     if (bucket.bytes >= cap) {
       closed.emplace_back(pos, std::move(bucket.members));
-      open.erase(key);
-      first_closed = true;
+      bucket = Open();
+      bucket.closed_one = true;
     }
   }
   for (auto& kv : open) {
+    if (kv.second.members.empty()) continue;
     const size_t last = position[kv.second.members.back()];
     closed.emplace_back(last, std::move(kv.second.members));
   }
@@ -64,6 +66,19 @@ BucketAssignment assign_buckets(const std::vector<ParamSpec>& params,
   BucketAssignment out;
   out.reserve(closed.size());
   for (auto& c : closed) out.push_back(std::move(c.second));
+  return out;
+}
+
+BucketAssignment initial_buckets(const std::vector<ParamSpec>& params, bool one_bucket,
+                                 size_t first_cap_bytes, size_t cap_bytes) {
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const size_t unlimited = std::numeric_limits<size_t>::max();
+  BucketAssignment out = assign_buckets(params, order, one_bucket ? unlimited : first_cap_bytes,
+                                        one_bucket ? unlimited : cap_bytes);
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  std::reverse(out.begin(), out.end());
   return out;
 }
 

@@ -42,9 +42,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   unused_.assign(n, false);
   locally_used_.assign(n, false);
   hook_calls_.assign(n, 0);
-  // See Note [Bucket order]: reverse parameter order until the real order is known.
-  install_buckets(assign_buckets(specs_, reverse_order(n), options_.first_bucket_cap_bytes,
-                                 options_.bucket_cap_bytes));
+  // See Note [Bucket order]: PyTorch's initial buckets until the real order is known.
+  install_buckets(initial_buckets(specs_, rebuilds(), options_.first_bucket_cap_bytes,
+                                  options_.bucket_cap_bytes));
 }
 
 // Hooks are removed by ~GradHooks; a callback still queued holds only a weak_ptr.
@@ -69,11 +69,14 @@ void Reducer::install_buckets(const BucketAssignment& assignment) {
 
 // ---- forward side -------------------------------------------------------------------
 
-bool Reducer::records_ready_order() const {
+bool Reducer::rebuilds() const {
   // Rebuilt once, from the first reduced iteration, as PyTorch does; a graph that may
   // change (find_unused_parameters without static_graph) keeps its initial buckets.
-  return !rebuilt_ && num_reduced_ == 0 &&
-         (options_.static_graph || !options_.find_unused_parameters);
+  return options_.static_graph || !options_.find_unused_parameters;
+}
+
+bool Reducer::records_ready_order() const {
+  return !rebuilt_ && num_reduced_ == 0 && rebuilds();
 }
 
 void Reducer::before_forward() {
@@ -85,7 +88,7 @@ void Reducer::before_forward() {
 void Reducer::maybe_rebuild_buckets() {
   if (rebuilt_ || num_reduced_ == 0) return;
   rebuilt_ = true;
-  if (!(options_.static_graph || !options_.find_unused_parameters)) return;
+  if (!rebuilds()) return;
 
   // Our order: gradients as they arrived, then any that never did (reverse order).
   const size_t n = params_.size();

@@ -93,6 +93,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();
   void install_buckets(const BucketAssignment& assignment);
+  bool rebuilds() const;
   bool records_ready_order() const;
   bool static_first_iteration() const { return options_.static_graph && num_reduced_ == 0; }
 

@@ -59,15 +59,7 @@ ScopedEnv clean_env() {
                     {"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr}, {"DDP_RENDEZVOUS_DIR", nullptr}});
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
+using ddp_test::error_of;
 
 } // namespace
 

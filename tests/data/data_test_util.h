@@ -2,6 +2,8 @@
 
 // Small models, datasets and checks shared by the data tests.
 
+#include "support/harness.h"
+
 #include <ddp/checkpoint.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,20 +22,6 @@
 #include <vector>
 
 namespace ddp_test {
-
-/// The exception text of f(), or "<no exception>". c10::Error's message without its
-/// backtrace, so that substrings can be pinned.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
 
 /// Same dtype, shape and bytes (bit-identical, unlike torch::equal for -0.0 and NaN).
 inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {

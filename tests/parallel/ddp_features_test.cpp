@@ -194,8 +194,9 @@ TEST(BucketRebuildTest, FollowsRank0ReadyOrderOnEveryRank) {
       });
     }
     auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).bucket_cap_mb(1e-6));
-    const std::vector<std::vector<size_t>> initial = {{3}, {2}, {1}, {0}};
-    EXPECT_EQ(dmodel->bucket_indices(), initial);  // reverse parameter order
+    // PyTorch's initial layout: one bucket, parameter order (Note [Bucket order]).
+    const std::vector<std::vector<size_t>> initial = {{0, 1, 2, 3}};
+    EXPECT_EQ(dmodel->bucket_indices(), initial);
 
     dmodel(ddp_test::randn({4, 8}, 70 + r)).sum().backward();
     ASSERT_EQ(arrival.size(), 4u);
@@ -248,6 +249,28 @@ TEST(BucketAssignmentTest, DtypesGetSeparateBucketsOrderedByCompletion) {
   EXPECT_EQ(b, want);
   // Empty model.
   EXPECT_TRUE(ddp::detail::assign_buckets({}, {}, 1, 1).empty());
+}
+
+TEST(BucketAssignmentTest, InitialBucketsFollowPyTorch) {
+  using ddp::detail::ParamSpec;
+  const c10::Device cpu("cpu");
+  std::vector<ParamSpec> p(5, ParamSpec{100, c10::ScalarType::Float, cpu});  // 400 B each
+  // Default (no find_unused_parameters): one bucket in parameter order.
+  std::vector<std::vector<size_t>> want = {{0, 1, 2, 3, 4}};
+  EXPECT_EQ(ddp::detail::initial_buckets(p, true, 400, 1000), want);
+  // With the caps: PyTorch's _compute_bucket_assignment_by_size over 0..4 gives
+  // [0] [1 2 3] [4], and DDP reverses the list.
+  want = {{4}, {1, 2, 3}, {0}};
+  EXPECT_EQ(ddp::detail::initial_buckets(p, false, 400, 1000), want);
+  // The small first cap applies to the first bucket of each dtype, as in PyTorch.
+  std::vector<ParamSpec> mixed = {{100, c10::ScalarType::Float, cpu},
+                                  {50, c10::ScalarType::Double, cpu},
+                                  {100, c10::ScalarType::Float, cpu},
+                                  {50, c10::ScalarType::Double, cpu}};
+  want = {{0}, {1}, {2}, {3}};
+  EXPECT_EQ(ddp::detail::assign_buckets(mixed, {0, 1, 2, 3}, 400, 10000), want);
+  want = {{3}, {2}, {1}, {0}};  // reversed; dtypes never share a bucket
+  EXPECT_EQ(ddp::detail::initial_buckets(mixed, false, 400, 10000), want);
 }
 
 // ---- Buffers -------------------------------------------------------------------------------
@@ -466,7 +489,7 @@ TEST(StatsTest, CountsBucketsBytesAndOverlap) {
       dmodel(ddp_test::randn({16, 64}, 500 + r)).sum().backward();
       const auto s = dmodel->last_iteration_stats();
       EXPECT_EQ(s.iteration, it + 1);
-      EXPECT_EQ(s.num_buckets, 8u);
+      EXPECT_EQ(s.num_buckets, it == 0 ? 1u : 8u);  // one initial bucket, then rebuilt
       EXPECT_EQ(s.num_buckets, dmodel->bucket_indices().size());
       EXPECT_EQ(s.buckets_launched_before_end, s.num_buckets);  // all launched from hooks
       EXPECT_LE(s.buckets_done_before_end, s.num_buckets);

@@ -29,7 +29,8 @@ at::Tensor inputs_for(ModelKind kind, int64_t rows) {
                                  : ddp_test::randn({rows, 1, 8, 8}, 11);
 }
 
-// One DDP step on every rank of `world`, compared with the full-batch gradient.
+// One DDP step on every rank of `world`, compared with the full-batch gradient: twice,
+// with PyTorch's initial single bucket and then with the buckets rebuilt after it.
 template <typename Net>
 void check_one_step(int world, const ddp::DistributedDataParallelOptions& base,
                     at::Tensor x, at::Tensor y) {
@@ -44,11 +45,14 @@ void check_one_step(int world, const ddp::DistributedDataParallelOptions& base,
     ddp_test::init_params(*model, 42);
     auto options = base;
     auto dmodel = ddp::DistributedDataParallel(model, options.process_group(borrow(pg)));
-    auto loss = ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)),
-                              ddp_test::shard(y, r, kPerRank));
-    loss.backward();
-    ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
-                                 "rank " + std::to_string(r));
+    for (const char* pass : {"initial buckets", "rebuilt buckets"}) {
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      auto loss = ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)),
+                                ddp_test::shard(y, r, kPerRank));
+      loss.backward();
+      ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
+                                   "rank " + std::to_string(r) + ", " + pass);
+    }
   });
 }
 
@@ -97,12 +101,22 @@ TEST_P(BucketSizeTest, AssignmentHasTheExpectedShape) {
     ddp_test::Mlp model;
     auto dmodel = ddp::DistributedDataParallel(
         model, options_for(pg).bucket_cap_mb(GetParam()));
-    const auto buckets = dmodel->bucket_indices();
     const size_t n = dmodel->reduced_parameter_names().size();
+    // Before the first backward, whatever the cap: PyTorch's single bucket, in parameter
+    // order.
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    EXPECT_EQ(dmodel->bucket_indices(), std::vector<std::vector<size_t>>{all});
+    dmodel(ddp_test::randn({kPerRank, 8}, 5)).sum().backward();
+    dmodel(ddp_test::randn({kPerRank, 8}, 6));  // rebuilt here
+    const auto buckets = dmodel->bucket_indices();
     if (GetParam() < 1e-5) {
-      // Below the smallest parameter: one parameter per bucket, reverse order.
+      // Below the smallest parameter: one parameter per bucket. The MLP's gradients
+      // arrive last layer first.
       ASSERT_EQ(buckets.size(), n);
-      for (size_t b = 0; b < n; ++b) EXPECT_EQ(buckets[b], std::vector<size_t>{n - 1 - b});
+      EXPECT_EQ(buckets.front().size(), 1u);
+      EXPECT_GE(buckets.front()[0], n - 2);  // fc3's weight or bias
+      EXPECT_LE(buckets.back()[0], 1u);      // fc1's
     } else {
       ASSERT_EQ(buckets.size(), 1u);
       EXPECT_EQ(buckets[0].size(), n);

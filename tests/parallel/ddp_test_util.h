@@ -151,15 +151,4 @@ inline void expect_grads_close(const std::vector<at::Tensor>& got,
   }
 }
 
-/// The message of the exception f throws, or "<no exception>".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
-
 } // namespace ddp_test

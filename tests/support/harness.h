@@ -12,6 +12,8 @@
 
 #include <ddp/process_group.h>
 
+#include <c10/util/Exception.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
@@ -72,6 +74,20 @@ std::vector<ProcessResult> run_processes(int world, const std::string& name,
 
 /// Fails the current test (with each rank's output) unless every rank exited 0.
 void expect_all_ok(const std::vector<ProcessResult>& results);
+
+/// The exception text of f(), or "<no exception>": a c10::Error's message without its
+/// backtrace, so that tests can pin substrings.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.msg();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
 
 /// Runs a command with /bin/sh; returns its exit code and fills output.
 int run_command(const std::string& command, std::string* output = nullptr);

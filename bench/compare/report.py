@@ -137,7 +137,11 @@ def py_span_busbw(trials):
 
 # ---- the report ---------------------------------------------------------------------------
 
-def markdown(data):
+def markdown(data, summary=None):
+    """The full report. `summary`, if a dict, receives per model the cells that
+    readme_block() shows."""
+    if summary is None:
+        summary = {}
     meta = data["meta"]
     m = meta["machine"]
     st = meta["settings"]
@@ -183,13 +187,20 @@ def markdown(data):
         a, b = tr[k]["cpp-ddp-2"], tr[k]["py-ddp-2"]
         r = paired(a, b, lambda x, y: x / y)
         rm, lo, hi = spread(r)
-        if hi < 1:
-            v = "ddp-cpp faster"
-        elif lo > 1:
-            v = "**PyTorch faster**"
+        wins = sum(1 for x in r if x < 1)
+        if wins == len(r):
+            v = "ddp-cpp faster in every trial"
+        elif wins == 0:
+            v = "**PyTorch faster in every trial**"
+        elif 2 * wins > len(r):
+            v = "ddp-cpp faster in %d of %d trials" % (wins, len(r))
+        elif 2 * wins < len(r):
+            v = "**PyTorch faster in %d of %d trials**" % (len(r) - wins, len(r))
         else:
-            v = "no clear winner (trials disagree)"
+            v = "even (%d of %d trials each)" % (wins, len(r))
         verdicts[k] = rm
+        summary.setdefault(k, {}).update(
+            cpp_ms=f_ms(times(a)), py_ms=f_ms(times(b)), ratio=f_ratio(r), verdict=v)
         r0 = a[0]["ranks"][0]
         add("| %s | %s | %d | %s | %s | %s | %s |"
             % (k, "{:,}".format(r0["num_parameters"]), r0["batch"], f_ms(times(a)),
@@ -214,6 +225,7 @@ def markdown(data):
             plain, d1 = tr[k]["%s-plain-1" % side], tr[k]["%s-ddp-1" % side]
             o = paired(d1, plain, lambda x, y: x / y - 1)
             overheads[(k, side)] = med(o)
+            summary.setdefault(k, {})[side + "_overhead"] = "%+.1f%%" % (100 * med(o))
             cells += [f_ms(times(plain)), f_ms(times(d1)), f_ratio(o, pct=True)]
         add("| " + " | ".join(cells) + " |")
     add("")
@@ -247,6 +259,7 @@ def markdown(data):
                 plain = med(times(tr[k]["%s-plain-1" % side]))
                 share = max(cost, 0.0) / plain
                 bounds[(k, side)] = share
+                summary.setdefault(k, {})[side + "_fixed"] = "%.3f%%" % (100 * share)
                 cells.append("%.3f%%" % (100 * share))
             add("| " + " | ".join(cells) + " |")
         add("")
@@ -287,6 +300,7 @@ def markdown(data):
             plain, d2 = tr[k]["%s-plain-1" % side], tr[k]["%s-ddp-2" % side]
             batch = plain[0]["ranks"][0]["batch"]
             e = paired(plain, d2, lambda x, y: x / y)
+            summary.setdefault(k, {})[side + "_efficiency"] = "%.2f" % med(e)
             cells += ["%.0f" % (batch / med(times(plain))), "%.0f" % (batch / med(times(d2))),
                       f_ratio(e)]
         add("| " + " | ".join(cells) + " |")
@@ -316,6 +330,11 @@ def markdown(data):
         done = med([i["done_before_end"] for i in its]) if its else float("nan")
         wait = [i["wait_ms"] / 1e3 for i in its]
         samples = py_samples(tr[k]["py-ddp-2"])
+        cpp_hidden = overlap.get(k, {}).get("hidden_shares", [])
+        py_hidden = py_hidden_shares(tr[k]["py-ddp-2"])
+        summary.setdefault(k, {}).update(
+            cpp_hidden="%.0f%%" % (100 * med(cpp_hidden)) if cpp_hidden else "n/a",
+            py_hidden="%.0f%%" % (100 * med(py_hidden)) if py_hidden else "n/a")
         add("| %s | %d (%s) | %s of %d | %s of %d | %s | %s | %d (%s) | %s | %s |"
             % (k, len(cpp_sizes), _mb(cpp_sizes), _count(launched), len(cpp_sizes),
                _count(done), len(cpp_sizes), f_ms(wait) if wait else "n/a",
@@ -367,6 +386,9 @@ def markdown(data):
         r = raw_busbw(sizes, raw)
         rb = raw_busbw(sizes, raw_busy) if raw_busy else float("nan")
         bw_ratio[k] = med(traced_bw) / r if traced_bw else float("nan")
+        summary.setdefault(k, {}).update(
+            busbw=_pct(bw_ratio[k]),
+            busbw_busy=_pct(med(traced_bw) / rb) if traced_bw and rb == rb else "n/a")
         add("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
             % (k, _mb(sizes), _bw(traced_bw), _bw(stats_bw), _num(r),
                _pct(bw_ratio[k]), _num(rb),
@@ -437,6 +459,62 @@ def markdown(data):
     add("```")
     add("")
     return "\n".join(L)
+
+
+README_BEGIN = "<!-- bench/run-compare: begin -->"
+README_END = "<!-- bench/run-compare: end -->"
+
+
+def readme_block(data):
+    """The README's copy of the latest results: the headline table and a summary of the
+    other figures, between README_BEGIN and README_END."""
+    summary = {}
+    markdown(data, summary)
+    meta = data["meta"]
+    m = meta["machine"]
+    models = [k for k in ("small", "cnn", "wide") if k in summary]
+    L = [README_BEGIN, ""]
+    L.append("Measured by `bench/run-compare` on %s (%s, %s cores, %s), ddp-cpp %s, "
+             "%d interleaved trials per configuration; medians, with the smallest and "
+             "largest trial in brackets. Full report: "
+             "[bench/results/compare.md](bench/results/compare.md)."
+             % (meta["date"], m["cpu"], m["cores"], m["os"], meta["git"] or "?",
+                meta["settings"]["trials"]))
+    L.append("")
+    L.append("| model | ddp-cpp (ms) | PyTorch DDP (ms) | ddp-cpp / PyTorch | verdict |")
+    L.append("|---|---:|---:|---:|---|")
+    for k in models:
+        c = summary[k]
+        L.append("| %s | %s | %s | %s | %s |"
+                 % (k, c["cpp_ms"], c["py_ms"], c["ratio"], c["verdict"]))
+    L.append("")
+    L.append("| model | DDP overhead at world size 1, ddp-cpp (fixed cost; paired) | "
+             "PyTorch (paired) | scaling efficiency at 2 ranks, ddp-cpp / PyTorch | "
+             "communication hidden behind backward, ddp-cpp / PyTorch | bucket busbw, "
+             "% of raw Gloo (idle / beside compute) |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+    for k in models:
+        c = summary[k]
+        L.append("| %s | %s; %s | %s | %s / %s | %s / %s | %s / %s |"
+                 % (k, c.get("cpp_fixed", "n/a"), c["cpp_overhead"], c["py_overhead"],
+                    c["cpp_efficiency"], c["py_efficiency"], c["cpp_hidden"],
+                    c["py_hidden"], c["busbw"], c["busbw_busy"]))
+    L.append("")
+    L.append(README_END)
+    return "\n".join(L)
+
+
+def update_readme(path, data):
+    """Replaces the block between the markers in `path`; False if they are missing."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    text = text[:start] + readme_block(data) + text[end + len(README_END):]
+    with open(path, "w") as f:
+        f.write(text)
+    return True
 
 
 def _us(values):

@@ -79,6 +79,8 @@ def parse_args(argv):
                     help="report file stem (default: compare, or compare-quick with --quick)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     ap.add_argument("--verbose", action="store_true", help="print every rank's output")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="with --render: also rewrite the results block of README.md")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only rewrite the report from an earlier run's raw/<name>.json")
     args = ap.parse_args(argv)
@@ -316,6 +318,8 @@ def main(argv=None):
         with open(md_path, "w") as f:
             f.write(report.markdown(data))
         print("[compare] rewrote %s" % md_path)
+        if args.update_readme and report.update_readme(os.path.join(ROOT, "README.md"), data):
+            print("[compare] updated the results in README.md")
         return
     started = time.monotonic()
     meta = {
@@ -389,6 +393,12 @@ def main(argv=None):
         json.dump(data, f)
     print(text)
     print("[compare] wrote %s (%.0f s)" % (os.path.relpath(md_path), meta["elapsed_s"]))
+    # A full run into the default place also refreshes the README's copy.
+    readme = os.path.join(ROOT, "README.md")
+    if (not args.quick and args.name == "compare" and os.path.abspath(args.results_dir)
+            == os.path.join(ROOT, "bench", "results")
+            and report.update_readme(readme, data)):
+        print("[compare] updated the results in %s" % os.path.relpath(readme))
 
 
 if __name__ == "__main__":

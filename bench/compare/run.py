@@ -261,7 +261,11 @@ class Bench:
         for ev in events:
             result["hidden_shares"] += traces_mod.hidden_shares(ev, skip=5)
         if draw:
-            svg = os.path.join(self.args.results_dir, "timeline-%s.svg" % model)
+            # A run under another name (--quick: compare-quick) leaves the published
+            # picture alone.
+            stem = ("timeline-%s" % model if self.args.name == "compare"
+                    else "%s-timeline-%s" % (self.args.name, model))
+            svg = os.path.join(self.args.results_dir, stem + ".svg")
             subprocess.run([PYTHON, os.path.join(ROOT, "tools", "trace_to_svg.py")] + traces +
                            ["-o", svg, "--iterations", "2", "--title",
                             "ddp-cpp, %s model, 2 ranks: 2 of %d traced iterations"
@@ -269,8 +273,7 @@ class Bench:
             raw_dir = os.path.join(self.args.results_dir, "raw")
             os.makedirs(raw_dir, exist_ok=True)
             for t in traces:
-                shutil.copy(t, os.path.join(raw_dir, "timeline-%s.%s"
-                                            % (model, os.path.basename(t))))
+                shutil.copy(t, os.path.join(raw_dir, "%s.%s" % (stem, os.path.basename(t))))
             result["svg"] = os.path.basename(svg)
         return result
 

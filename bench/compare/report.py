@@ -54,14 +54,15 @@ def paired(a, b, fn):
 
 # ---- DDP statistics ----------------------------------------------------------------------
 
+def _stats_entries(trials, field):
+    """stats[field] of every rank and trial, concatenated."""
+    return [e for t in trials for r in t["ranks"] if r.get("stats")
+            for e in r["stats"][field]]
+
+
 def cpp_iterations(trials):
     """Every measured iteration's IterationStats, of every rank and trial."""
-    out = []
-    for t in trials:
-        for r in t["ranks"]:
-            if r.get("stats"):
-                out.extend(r["stats"]["iterations"])
-    return out
+    return _stats_entries(trials, "iterations")
 
 
 def bucket_sizes(trials, side):
@@ -109,12 +110,8 @@ def raw_busbw(sizes, raw):
 
 
 def py_samples(trials):
-    out = []
-    for t in trials:
-        for r in t["ranks"]:
-            if r.get("stats"):
-                out.extend(r["stats"]["samples"])
-    return out
+    """Every sample of PyTorch's DDP runtime statistics, of every rank and trial."""
+    return _stats_entries(trials, "samples")
 
 
 def py_hidden_shares(trials):

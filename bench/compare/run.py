@@ -108,18 +108,20 @@ class Bench:
         self.tmp = tempfile.mkdtemp(prefix="ddp-bench-")
         self.commands = []
 
-    def command(self, side, model, mode, out, extra=()):
+    def command(self, side, model, mode, out, extra=(), warmup=None, iters=None):
+        warmup = self.args.warmup if warmup is None else warmup
+        iters = self.args.iters if iters is None else iters
         common = ["--model", model, "--ddp", "1" if mode == "ddp" else "0",
-                  "--warmup", str(self.args.warmup), "--iters", str(self.args.iters),
+                  "--warmup", str(warmup), "--iters", str(iters),
                   "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out]
         if side == "cpp":
             return [self.cpp] + common + list(extra)
         return [PYTHON, os.path.join(HERE, "bench_py.py")] + common + [
             "--stats-iters", str(self.args.stats_iters)] + list(extra)
 
-    def launch(self, side, model, mode, world, extra=(), what=None):
+    def launch(self, side, model, mode, world, extra=(), what=None, **counts):
         out = tempfile.mkdtemp(dir=self.tmp)
-        cmd = self.command(side, model, mode, out, extra)
+        cmd = self.command(side, model, mode, out, extra, **counts)
         self.launcher.run(world, cmd, what or "%s %s %s world %d" % (side, model, mode, world))
         return out, cmd
 
@@ -196,14 +198,9 @@ class Bench:
         """DDP's fixed cost per iteration at world size 1: the tiny model's DDP loop
         against its plain loop, alternating blocks of 100 iterations in one process.
         Returns the difference of their medians, in seconds, and both medians."""
-        out = tempfile.mkdtemp(dir=self.tmp)
-        iters = 200 if self.args.quick else 2000
-        common = ["--model", "tiny", "--ddp", "1", "--warmup", "200", "--iters", str(iters),
-                  "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out,
-                  "--with-plain", "1", "--block", "100"]
-        cmd = ([self.cpp] + common if side == "cpp" else
-               [PYTHON, os.path.join(HERE, "bench_py.py")] + common)
-        self.launcher.run(1, cmd, "%s tiny fixed cost" % side)
+        out, cmd = self.launch(side, "tiny", "ddp", 1, ["--with-plain", "1", "--block", "100"],
+                               "%s tiny fixed cost" % side, warmup=200,
+                               iters=200 if self.args.quick else 2000)
         r = launch.read_ranks(out, 1)[0]
         shutil.rmtree(out, ignore_errors=True)
         ddp, plain = report.med(r["iter_s"]), report.med(r["plain_iter_s"])

@@ -71,6 +71,15 @@ std::map<c10::TensorImpl*, std::string> parameter_names(const torch::nn::Module&
 
 c10::IValue cpu(const at::Tensor& t) { return cpu_copy(t); }
 
+template <typename Options>
+void insert_adam_like(const Options& o, c10::impl::GenericDict& g) {
+  g.insert("lr", o.lr());
+  g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas())));
+  g.insert("eps", o.eps());
+  g.insert("weight_decay", o.weight_decay());
+  g.insert("amsgrad", o.amsgrad());
+}
+
 // Hyperparameters of one group, named as in Python's param_groups.
 c10::impl::GenericDict group_options(Kind kind, const torch::optim::OptimizerOptions& base) {
   c10::impl::GenericDict g = new_dict();
@@ -82,19 +91,9 @@ c10::impl::GenericDict group_options(Kind kind, const torch::optim::OptimizerOpt
     g.insert("weight_decay", o.weight_decay());
     g.insert("nesterov", o.nesterov());
   } else if (kind == Kind::Adam) {
-    const auto& o = static_cast<const torch::optim::AdamOptions&>(base);
-    g.insert("lr", o.lr());
-    g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas())));
-    g.insert("eps", o.eps());
-    g.insert("weight_decay", o.weight_decay());
-    g.insert("amsgrad", o.amsgrad());
+    insert_adam_like(static_cast<const torch::optim::AdamOptions&>(base), g);
   } else {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(base);
-    g.insert("lr", o.lr());
-    g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas())));
-    g.insert("eps", o.eps());
-    g.insert("weight_decay", o.weight_decay());
-    g.insert("amsgrad", o.amsgrad());
+    insert_adam_like(static_cast<const torch::optim::AdamWOptions&>(base), g);
   }
   return g;
 }

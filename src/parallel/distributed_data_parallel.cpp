@@ -146,9 +146,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     // Nothing to exchange: no hooks, no buckets, no broadcasts (see docs/ddp.md).
     std::vector<detail::ParamSpec> specs;
     for (const auto& p : reduced) specs.push_back({p.numel(), p.scalar_type(), p.device()});
-    s.local_assignment = detail::initial_buckets(
-        specs, ro.static_graph || !ro.find_unused_parameters, ro.first_bucket_cap_bytes,
-        ro.bucket_cap_bytes);
+    s.local_assignment = detail::initial_buckets(specs, detail::rebuilds_buckets(ro),
+                                                 ro.first_bucket_cap_bytes,
+                                                 ro.bucket_cap_bytes);
     return;
   }
   s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty();

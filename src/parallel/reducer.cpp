@@ -43,8 +43,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   locally_used_.assign(n, false);
   hook_calls_.assign(n, 0);
   // See Note [Bucket order]: PyTorch's initial buckets until the real order is known.
-  install_buckets(initial_buckets(specs_, rebuilds(), options_.first_bucket_cap_bytes,
-                                  options_.bucket_cap_bytes));
+  install_buckets(initial_buckets(specs_, rebuilds_buckets(options_),
+                                  options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
 }
 
 // Hooks are removed by ~GradHooks; a callback still queued holds only a weak_ptr.
@@ -69,14 +69,8 @@ void Reducer::install_buckets(const BucketAssignment& assignment) {
 
 // ---- forward side -------------------------------------------------------------------
 
-bool Reducer::rebuilds() const {
-  // Rebuilt once, from the first reduced iteration, as PyTorch does; a graph that may
-  // change (find_unused_parameters without static_graph) keeps its initial buckets.
-  return options_.static_graph || !options_.find_unused_parameters;
-}
-
 bool Reducer::records_ready_order() const {
-  return !rebuilt_ && num_reduced_ == 0 && rebuilds();
+  return !rebuilt_ && num_reduced_ == 0 && rebuilds_buckets(options_);
 }
 
 void Reducer::before_forward() {
@@ -88,7 +82,7 @@ void Reducer::before_forward() {
 void Reducer::maybe_rebuild_buckets() {
   if (rebuilt_ || num_reduced_ == 0) return;
   rebuilt_ = true;
-  if (!rebuilds()) return;
+  if (!rebuilds_buckets(options_)) return;
 
   // Our order: gradients as they arrived, then any that never did (reverse order).
   const size_t n = params_.size();

@@ -54,6 +54,13 @@ struct ReducerOptions {
   bool static_graph = false;
 };
 
+/// Whether buckets are rebuilt from the real gradient order after the first iteration
+/// (and start as one bucket), as in PyTorch: not when the graph may change from
+/// iteration to iteration (find_unused_parameters without static_graph).
+inline bool rebuilds_buckets(const ReducerOptions& o) {
+  return o.static_graph || !o.find_unused_parameters;
+}
+
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   /// params: leaves that require grad, each once; names: theirs, for messages.
@@ -93,7 +100,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();
   void install_buckets(const BucketAssignment& assignment);
-  bool rebuilds() const;
   bool records_ready_order() const;
   bool static_first_iteration() const { return options_.static_graph && num_reduced_ == 0; }
 

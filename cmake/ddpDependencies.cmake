@@ -9,29 +9,56 @@
 find_package(Torch REQUIRED)
 message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 
-# c10d's Gloo header includes <gloo/...>. Debian ships those headers in libgloo-dev;
-# pip torch ships them inside torch/include.
+# c10d's Gloo header includes <gloo/...>. Debian's LibTorch pairs with libgloo-dev. pip
+# torch links Gloo in statically and ships no Gloo headers, so its build uses
+# libgloo-dev's too: Note [Gloo headers] in src/core/c10d_comm.cpp says why that is sound.
 find_path(DDP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h
   HINTS ${TORCH_INCLUDE_DIRS} ${PROJECT_SOURCE_DIR}/third_party/include)
+message(STATUS "ddp: Gloo headers from ${DDP_GLOO_INCLUDE_DIR} (docs/libtorch.md: which and why)")
 if(NOT DDP_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "ddp: gloo headers not found (gloo/rendezvous/store.h). "
                       "On Debian: apt-get install libgloo-dev")
 endif()
 
 # CUDA and NCCL: only where LibTorch itself was built with them.
+# Note [NCCL versions]: nccl.h must be the one torch was built with. pip torch takes its
+# NCCL from the nvidia-nccl wheel in the same site-packages, so that folder is searched
+# first; a system nccl.h (the CUDA toolkit's) is a last resort and is reported as one.
 set(DDP_WITH_CUDA OFF)
 set(DDP_WITH_NCCL OFF)
 if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda OR CAFFE2_USE_CUDA)
   set(DDP_WITH_CUDA ON)
+  get_filename_component(_ddp_site "${Torch_DIR}/../../../.." ABSOLUTE)
   find_path(DDP_NCCL_INCLUDE_DIR nccl.h
-    HINTS ${TORCH_INCLUDE_DIRS} $ENV{NCCL_INCLUDE_DIR} ${DDP_NCCL_HINTS}
-    PATH_SUFFIXES include)
+    HINTS ${_ddp_site}/nvidia/nccl/include $ENV{NCCL_INCLUDE_DIR} ${DDP_NCCL_HINTS}
+    NO_DEFAULT_PATH)
+  set(_ddp_nccl_origin "the nvidia-nccl wheel beside torch")
+  if(NOT DDP_NCCL_INCLUDE_DIR)
+    find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${TORCH_INCLUDE_DIRS} PATH_SUFFIXES include)
+    set(_ddp_nccl_origin "a system copy, not torch's own wheel; check it matches")
+  endif()
   if(DDP_NCCL_INCLUDE_DIR)
     set(DDP_WITH_NCCL ON)
+    file(STRINGS "${DDP_NCCL_INCLUDE_DIR}/nccl.h" _v REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*"
+           "\\1.\\2.\\3" DDP_NCCL_VERSION "${_v}")
+    message(STATUS "ddp: NCCL ${DDP_NCCL_VERSION} headers from ${DDP_NCCL_INCLUDE_DIR} "
+                   "(${_ddp_nccl_origin})")
   else()
     message(WARNING "ddp: LibTorch has CUDA but nccl.h was not found; the 'nccl' backend "
                     "is left out. Set NCCL_INCLUDE_DIR to the folder holding nccl.h.")
   endif()
+endif()
+# pip torch finds its CUDA libraries (NCCL among them) through RPATHs into the nvidia
+# wheels. The linker, resolving libtorch_cuda's own dependencies, would otherwise take the
+# first libnccl.so.2 that ldconfig knows (a CUDA toolkit's, older), and fail on symbols
+# only torch's NCCL has. The run-time loader follows the RPATHs and needs nothing.
+set(DDP_TORCH_LINK_OPTIONS "")
+if(DDP_WITH_CUDA)
+  file(GLOB _ddp_nvidia_libs LIST_DIRECTORIES true "${_ddp_site}/nvidia/*/lib")
+  foreach(_dir IN LISTS _ddp_nvidia_libs)
+    list(APPEND DDP_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_dir}")
+  endforeach()
 endif()
 message(STATUS "ddp: CUDA ${DDP_WITH_CUDA}, NCCL ${DDP_WITH_NCCL}")
 

@@ -29,7 +29,9 @@ import launch  # noqa: E402
 import report  # noqa: E402
 import traces as traces_mod  # noqa: E402
 
-PYTHON = "/usr/bin/python3"
+# The PyTorch peer: the Python whose torch the C++ side was built against (bench/run-compare
+# passes it; scripts/config.sh chooses it).
+PYTHON = os.environ.get("DDP_PY", "/usr/bin/python3")
 
 # (side, mode, world size); mode "ddp" wraps the model, "plain" is the loop without DDP.
 # One launch each. The world-size-1 DDP launch also times the loop without DDP ("plain")

@@ -38,6 +38,7 @@
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
 
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -141,12 +142,12 @@ std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& 
 /// The newest complete checkpoint: the one `latest` names, else (no pointer, or it names
 /// a missing file) the highest step among <prefix>-<step>.pt; nullopt if none. Reads
 /// this rank's view of the directory; not collective.
-c10::optional<std::string> latest_checkpoint(const CheckpointOptions& options);
+std::optional<std::string> latest_checkpoint(const CheckpointOptions& options);
 
 /// Loads latest_checkpoint(options) if there is one and returns its path; nullopt (and
 /// nothing restored) when the directory holds none. Collective: rank 0 chooses the file
 /// and every rank loads that one.
-c10::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
+std::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
                                                   Checkpoint& checkpoint);
 
 // ---- State dicts, interchangeable with Python's ----------------------------------

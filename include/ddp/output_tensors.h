@@ -2,7 +2,7 @@
 
 // How DistributedDataParallel finds the tensors in whatever forward() returned, to walk
 // the autograd graph from them (find_unused_parameters). Tensors, std::vector, std::
-// tuple, std::pair, c10::optional and c10::IValue (lists, tuples, dicts) are known; for
+// tuple, std::pair, std::optional and c10::IValue (lists, tuples, dicts) are known; for
 // your own output type, specialise ddp::OutputTensors:
 //
 //   template <>
@@ -16,7 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <cstddef>
 #include <tuple>
@@ -62,9 +62,9 @@ struct OutputTensors<std::vector<T>> {
 };
 
 template <typename T>
-struct OutputTensors<c10::optional<T>> {
+struct OutputTensors<std::optional<T>> {
   static constexpr bool known = OutputTensors<T>::known;
-  static void collect(const c10::optional<T>& v, std::vector<at::Tensor>& out) {
+  static void collect(const std::optional<T>& v, std::vector<at::Tensor>& out) {
     if (v) OutputTensors<T>::collect(*v, out);
   }
 };

@@ -16,10 +16,10 @@
 //     for (auto& batch : *loader) { ... }
 //   }
 
-#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/data/samplers/base.h>
 
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -36,9 +36,9 @@ namespace ddp {
 ///   ddp::DistributedSamplerOptions().num_replicas(4).rank(1);   // no process group
 struct DistributedSamplerOptions {
   /// Number of ranks sharing the dataset; unset: the default process group's size.
-  TORCH_ARG(c10::optional<int64_t>, num_replicas) = c10::nullopt;
+  TORCH_ARG(std::optional<int64_t>, num_replicas) = std::nullopt;
   /// This rank, 0..num_replicas-1; unset: the default process group's rank.
-  TORCH_ARG(c10::optional<int64_t>, rank) = c10::nullopt;
+  TORCH_ARG(std::optional<int64_t>, rank) = std::nullopt;
   /// Permute the indices every epoch (torch.randperm seeded with seed + epoch).
   TORCH_ARG(bool, shuffle) = true;
   /// Must be the same on every rank.
@@ -85,9 +85,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   /// Rewinds to the start of the current epoch (the data loader calls this at begin()).
   /// A new size different from the current one changes the dataset size.
-  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  void reset(torch::optional<size_t> new_size = torch::nullopt) override;
   /// The next up to batch_size indices of this rank, or nullopt when the epoch is done.
-  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+  torch::optional<std::vector<size_t>> next(size_t batch_size) override;
 
   /// Writes/reads the state (epoch, position and the options that fix the order).
   void save(torch::serialize::OutputArchive& archive) const override;

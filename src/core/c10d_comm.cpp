@@ -7,6 +7,19 @@
 // signatures on the concrete classes, and both have c10d::Work with wait() and
 // getFuture(). Holding the concrete class (C10dComm<PG>) therefore compiles against
 // either, with no #if on the version. Stores are the same in both.
+//
+// Note [Gloo headers]
+// ProcessGroupGloo.hpp includes Gloo's headers. Debian's LibTorch comes with matching
+// ones (libgloo-dev). pip torch links its own Gloo statically and ships no Gloo headers,
+// and no package reachable from Debian or PyPI has the ones it was built with, so its
+// build compiles against libgloo-dev's (May 2022) as well. That is sound because this
+// file, the only one that includes them, uses Gloo types only as opaque handles:
+// createDeviceFor*() returns a std::shared_ptr<gloo::transport::Device> made inside
+// libtorch, which is stored in Options::devices and handed back to libtorch. No Gloo
+// object is constructed, destroyed, laid out or called here, so a difference between
+// the two Gloo versions (2.x's GlooStore has store-v2 methods that 2022 Gloo lacks)
+// cannot reach compiled code of ours. What must match, and does, is the c10d side:
+// the class layouts and signatures come from pip torch's own headers.
 
 #include "core/comm.h"
 
@@ -18,6 +31,9 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #ifdef DDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <dlfcn.h>
+#include <nccl.h>
 #endif
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -236,8 +252,17 @@ std::unique_ptr<Comm> make_gloo(const CommConfig& c,
 }
 
 #ifdef DDP_WITH_NCCL
+std::string nccl_version_string(int code) {
+  // Codes are major*10000 + minor*100 + patch from NCCL 2.9 on (major*1000 + ... before).
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+  const int patch = code % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
 std::unique_ptr<Comm> make_nccl(const CommConfig& c,
                                 const c10::intrusive_ptr<c10d::Store>& store) {
+  check_nccl_runtime(c.rank);
   // Lesson step 4: one process, one GPU, chosen by local rank.
   const int devices = c10::cuda::device_count();
   TORCH_CHECK(c.local_rank < devices, "backend \"nccl\": rank ", c.rank, " has local rank ",
@@ -258,6 +283,49 @@ bool nccl_compiled() {
   return true;
 #else
   return false;
+#endif
+}
+
+void check_nccl_runtime(int rank) {
+#ifdef DDP_WITH_NCCL
+  // Note [NCCL versions]: nccl.h comes from the nvidia-nccl wheel that torch depends on,
+  // and the libnccl.so.2 that runs is whichever the dynamic loader found for
+  // libtorch_cuda. ddp-cpp itself makes no NCCL call; this only catches a build against
+  // one NCCL running against another (a system NCCL first on LD_LIBRARY_PATH, another
+  // wheel), where ProcessGroupNCCL's struct layouts and behaviour may differ.
+  using GetVersion = int (*)(int*);
+  auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+  int runtime = 0;
+  if (get == nullptr || get(&runtime) != 0) {
+    throw ProcessGroupError(
+        "backend \"nccl\" on rank " + std::to_string(rank) +
+        ": libnccl.so.2 is not loaded in this process (ncclGetVersion not found), although "
+        "this ddp-cpp was built with NCCL " + nccl_version_string(NCCL_VERSION_CODE) +
+        ". Install the nvidia-nccl wheel that torch depends on, or use \"gloo\".");
+  }
+  if (runtime / 100 != NCCL_VERSION_CODE / 100) {
+    throw ProcessGroupError(
+        "backend \"nccl\" on rank " + std::to_string(rank) + ": ddp-cpp was compiled against "
+        "NCCL " + nccl_version_string(NCCL_VERSION_CODE) + " but NCCL " +
+        nccl_version_string(runtime) + " is loaded at run time. Build against the nccl.h "
+        "of the nvidia-nccl wheel that this torch uses (scripts/build does), and check "
+        "that LD_LIBRARY_PATH does not put another libnccl.so.2 first.");
+  }
+#else
+  (void)rank;
+#endif
+}
+
+std::string nccl_versions() {
+#ifdef DDP_WITH_NCCL
+  using GetVersion = int (*)(int*);
+  auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+  int runtime = 0;
+  const std::string loaded =
+      get != nullptr && get(&runtime) == 0 ? nccl_version_string(runtime) : "not loaded";
+  return "compiled " + nccl_version_string(NCCL_VERSION_CODE) + ", loaded " + loaded;
+#else
+  return "not built";
 #endif
 }
 

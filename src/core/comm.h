@@ -74,6 +74,11 @@ class Comm {
 bool nccl_compiled();
 /// Whether a CUDA device is visible to LibTorch.
 bool cuda_available();
+/// Throws ProcessGroupError when the NCCL loaded at run time is not the major.minor
+/// version that nccl.h said at compile time (Note [NCCL versions]). A no-op without NCCL.
+void check_nccl_runtime(int rank);
+/// "compiled 2.30.7, loaded 2.30.7", for messages and tests.
+std::string nccl_versions();
 
 /// Turns a c10d exception into ddp's: TimeoutError when the text says it timed out,
 /// ProcessGroupError otherwise. `what` names the operation, for the message.

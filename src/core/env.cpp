@@ -12,15 +12,15 @@
 namespace ddp {
 namespace detail {
 
-c10::optional<std::string> env_string(const char* name) {
+std::optional<std::string> env_string(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return c10::nullopt;
+  if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
 }
 
-c10::optional<int> env_int(const char* name) {
+std::optional<int> env_int(const char* name) {
   auto s = env_string(name);
-  if (!s) return c10::nullopt;
+  if (!s) return std::nullopt;
   errno = 0;
   char* end = nullptr;
   const long v = std::strtol(s->c_str(), &end, 10);

@@ -4,16 +4,17 @@
 
 #include <c10/util/Optional.h>
 
+#include <optional>
 #include <string>
 
 namespace ddp {
 namespace detail {
 
 /// The variable's value; nullopt when unset or empty.
-c10::optional<std::string> env_string(const char* name);
+std::optional<std::string> env_string(const char* name);
 /// The variable as a non-negative int; nullopt when unset. Throws, naming the variable,
 /// when it is negative or not a number.
-c10::optional<int> env_int(const char* name);
+std::optional<int> env_int(const char* name);
 
 /// Turns options and environment into a complete rendezvous plan (rendezvous.cpp).
 struct CommConfig;

@@ -178,6 +178,11 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   TORCH_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
   TORCH_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ",
               c.world_size, ": ranks are numbered 0..", c.world_size - 1, ".");
+  TORCH_CHECK(c.backend != "nccl" || cuda_available(),
+              "backend \"nccl\" needs a CUDA GPU, but rank ", c.rank, " sees none (",
+              "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
+              "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
+              "backend to choose by what is there.");
   c.local_world_size = env.local_world_size > 0 ? env.local_world_size : -1;
   c.local_rank = o.local_rank() >= 0 ? o.local_rank() : env.local_rank;
 

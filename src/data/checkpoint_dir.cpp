@@ -111,7 +111,7 @@ std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& 
   return path;
 }
 
-c10::optional<std::string> latest_checkpoint(const CheckpointOptions& options) {
+std::optional<std::string> latest_checkpoint(const CheckpointOptions& options) {
   validate(options);
   const std::string pointer = options.directory() + "/" + kLatest;
   if (detail::file_exists(pointer)) {
@@ -121,11 +121,11 @@ c10::optional<std::string> latest_checkpoint(const CheckpointOptions& options) {
     }
   }
   const auto all = checkpoints(options);
-  if (all.empty()) return c10::nullopt;
+  if (all.empty()) return std::nullopt;
   return options.directory() + "/" + all.back().second;
 }
 
-c10::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
+std::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
                                                   Checkpoint& checkpoint) {
   validate(options);
   const detail::CheckpointGroup group = detail::checkpoint_group(checkpoint);
@@ -136,7 +136,7 @@ c10::optional<std::string> load_latest_checkpoint(const CheckpointOptions& optio
   }
   // Rank 0 decides, so that every rank loads the same file even if a save is racing.
   choice = group.all_gather(choice)[0];
-  if (choice.empty()) return c10::nullopt;
+  if (choice.empty()) return std::nullopt;
   load_checkpoint(choice, checkpoint);
   return choice;
 }

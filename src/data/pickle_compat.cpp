@@ -60,8 +60,8 @@ class Rewriter {
     return false;
   }
 
-  c10::optional<std::string> result() const {
-    if (edits_.empty()) return c10::nullopt;
+  std::optional<std::string> result() const {
+    if (edits_.empty()) return std::nullopt;
     std::vector<Edit> edits = edits_;
     std::stable_sort(edits.begin(), edits.end(),
                      [](const Edit& a, const Edit& b) { return a.offset < b.offset; });
@@ -218,9 +218,9 @@ class Rewriter {
 
 } // namespace
 
-c10::optional<std::string> rewrite_python_pickle(std::string_view pickle) {
+std::optional<std::string> rewrite_python_pickle(std::string_view pickle) {
   Rewriter rewriter(pickle);
-  if (!rewriter.run()) return c10::nullopt;
+  if (!rewriter.run()) return std::nullopt;
   return rewriter.result();
 }
 

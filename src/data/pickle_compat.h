@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Optional.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,7 +18,7 @@ constexpr const char* kBuildStateKey = "__ddp_cpp_build_state__";
 /// `pickle` (the data.pkl of a torch.save file) rewritten so that LibTorch's unpickler
 /// reads it, or nullopt when it needs no change or cannot be rewritten (then the
 /// unpickler reports its own error).
-c10::optional<std::string> rewrite_python_pickle(std::string_view pickle);
+std::optional<std::string> rewrite_python_pickle(std::string_view pickle);
 
 /// Removes the kBuildStateKey entries that rewrite_python_pickle introduced.
 void drop_build_states(const c10::IValue& value);

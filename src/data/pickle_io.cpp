@@ -4,14 +4,73 @@
 #include "data/zip_archive.h"
 
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <sstream>
 
 namespace ddp {
 namespace detail {
+namespace {
 
-std::vector<char> pickle(const c10::IValue& value) { return torch::jit::pickle_save(value); }
+// Note [Weights-only pickles]
+// Python's torch.load defaults to weights_only=True since PyTorch 2.6: its unpickler
+// accepts dicts, lists, tuples, primitives and tensors, and refuses any other global.
+// LibTorch's pickle_save tags typed containers with torch.jit._pickle.restore_type_tag
+// and writes List[int], List[float], List[bool] and List[Tensor] through
+// torch.jit._pickle.build_intlist and friends, all of which that unpickler refuses. So
+// every container is first rewritten as an untyped one (a plain Python list or dict),
+// and the Pickler is told not to tag aggregates. What remains are the globals that
+// torch.save itself writes: torch._utils._rebuild_tensor_v2, the storage classes and
+// collections.OrderedDict, all of which weights_only allows.
+c10::IValue plain(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    const c10::List<c10::IValue> in = value.toList();
+    out.reserve(in.size());
+    for (const c10::IValue& item : in) out.push_back(plain(item));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& entry : value.toGenericDict()) {
+      out.insert(plain(entry.key()), plain(entry.value()));
+    }
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(plain(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+} // namespace
+
+std::vector<char> pickle(const c10::IValue& value) {
+  std::vector<char> data;
+  torch::jit::Pickler pickler(
+      [&](const char* bytes, size_t size) { data.insert(data.end(), bytes, bytes + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(plain(value));
+  pickler.stop();
+
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
+    const char* p = static_cast<const char*>(bytes);
+    archive.insert(archive.end(), p, p + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", data.data(), data.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
 
 c10::IValue unpickle(const std::string& bytes, const std::string& where) {
   // Note [Integrity check]: a torn or corrupted file stops here.

@@ -120,7 +120,7 @@ void DistributedSampler::set_epoch(int64_t epoch) {
 
 int64_t DistributedSampler::epoch() const { return state_->epoch; }
 
-void DistributedSampler::reset(c10::optional<size_t> new_size) {
+void DistributedSampler::reset(torch::optional<size_t> new_size) {
   State& s = *state_;
   if (new_size && *new_size != s.dataset_size) {
     const size_t old_size = s.dataset_size;
@@ -137,11 +137,11 @@ void DistributedSampler::reset(c10::optional<size_t> new_size) {
   if (!s.resuming) s.position = 0;  // Note [Resume position]
 }
 
-c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+torch::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   State& s = *state_;
   s.resuming = false;
   TORCH_CHECK(batch_size > 0, "DistributedSampler::next: batch_size must be > 0, but got 0");
-  if (s.position >= s.indices.size()) return c10::nullopt;
+  if (s.position >= s.indices.size()) return torch::nullopt;
   const size_t end = std::min(s.indices.size(), s.position + batch_size);
   std::vector<size_t> batch(s.indices.begin() + static_cast<std::ptrdiff_t>(s.position),
                             s.indices.begin() + static_cast<std::ptrdiff_t>(end));

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>
 
+#include <optional>
 #include <utility>
 
 namespace ddp {
@@ -52,7 +53,7 @@ at::Tensor first_tensor(const c10::IValue& value) {
 // Compress to `wire` dtype (divided by the world size), all-reduce, decompress into the
 // bucket. `transport`, when set, is the dtype actually sent (see bf16 on Gloo).
 c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
-    GradBucket& bucket, at::ScalarType wire, c10::optional<at::ScalarType> transport) {
+    GradBucket& bucket, at::ScalarType wire, std::optional<at::ScalarType> transport) {
   ProcessGroup& pg = bucket.process_group();
   at::Tensor compressed = bucket.buffer().to(wire).div_(pg.size());
   std::vector<at::Tensor> tensors{transport ? compressed.to(*transport) : compressed};
@@ -88,7 +89,7 @@ std::shared_ptr<CommHook> allreduce_hook() {
 std::shared_ptr<CommHook> fp16_compress_hook() {
   return make_comm_hook(
       [](GradBucket& bucket) {
-        return compressed_allreduce(bucket, at::kHalf, c10::nullopt);
+        return compressed_allreduce(bucket, at::kHalf, std::nullopt);
       },
       "fp16_compress");
 }
@@ -98,8 +99,8 @@ std::shared_ptr<CommHook> bf16_compress_hook() {
       [](GradBucket& bucket) {
         const bool gloo = bucket.process_group().backend() == "gloo";
         return compressed_allreduce(bucket, at::kBFloat16,
-                                    gloo ? c10::optional<at::ScalarType>(at::kFloat)
-                                         : c10::nullopt);
+                                    gloo ? std::optional<at::ScalarType>(at::kFloat)
+                                         : std::nullopt);
       },
       "bf16_compress");
 }

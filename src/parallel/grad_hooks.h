@@ -9,6 +9,8 @@
 // node would die, and the next forward would create a fresh one without our hook.
 // So the accumulators are held here for DDP's lifetime, as c10d's reducer does.
 
+#include "core/compat.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
@@ -39,12 +41,12 @@ class GradHooks {
   GradHooks& operator=(const GradHooks&) = delete;
 
   /// accumulators()[i] is params[i]'s AccumulateGrad node.
-  const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators() const {
+  const std::vector<NodePtr>& accumulators() const {
     return accumulators_;
   }
 
  private:
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<NodePtr> accumulators_;
   std::vector<uintptr_t> keys_;
 };
 

@@ -11,7 +11,7 @@ namespace detail {
 
 std::vector<bool> reached_accumulators(
     const std::vector<at::Tensor>& outputs,
-    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
+    const std::vector<NodePtr>& accumulators) {
   using torch::autograd::Node;
   std::unordered_map<const Node*, size_t> index_of;
   for (size_t i = 0; i < accumulators.size(); ++i) index_of[accumulators[i].get()] = i;

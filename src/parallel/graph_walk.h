@@ -2,6 +2,8 @@
 
 // Which parameters a forward's output depends on (find_unused_parameters).
 
+#include "core/compat.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <memory>
@@ -21,7 +23,7 @@ namespace detail {
 /// for that parameter. Walks the graph once, as c10d's prepare_for_backward does.
 std::vector<bool> reached_accumulators(
     const std::vector<at::Tensor>& outputs,
-    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators);
+    const std::vector<NodePtr>& accumulators);
 
 } // namespace detail
 } // namespace ddp

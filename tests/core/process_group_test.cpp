@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -26,7 +27,7 @@ class ScopedEnv {
   ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
     for (const auto& kv : vars) {
       const char* old = std::getenv(kv.first);
-      saved_.emplace_back(kv.first, old ? c10::optional<std::string>(old) : c10::nullopt);
+      saved_.emplace_back(kv.first, old ? std::optional<std::string>(old) : std::nullopt);
       if (kv.second) {
         ::setenv(kv.first, kv.second, 1);
       } else {
@@ -45,7 +46,7 @@ class ScopedEnv {
   }
 
  private:
-  std::vector<std::pair<std::string, c10::optional<std::string>>> saved_;
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
 // Clears every launcher variable so a test starts from nothing.

@@ -68,7 +68,7 @@ struct XYDataset : torch::data::datasets::Dataset<XYDataset> {
   torch::data::Example<> get(size_t i) override {
     return {x[static_cast<int64_t>(i)], y[static_cast<int64_t>(i)]};
   }
-  c10::optional<size_t> size() const override { return static_cast<size_t>(kSamples); }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(kSamples); }
   at::Tensor x, y;
 };
 

@@ -121,7 +121,7 @@ struct IndexDataset : torch::data::datasets::Dataset<IndexDataset> {
     const auto t = torch::tensor(static_cast<int64_t>(index));
     return {t, t};
   }
-  c10::optional<size_t> size() const override { return n_; }
+  torch::optional<size_t> size() const override { return n_; }
   size_t n_;
 };
 

@@ -131,7 +131,7 @@ def cmd_run(ddprun, binary, work):
         fail(f"metrics.jsonl: {metrics}, expected one record for epoch 1, world_size 2")
 
     # The saved model: Python's keys and shapes, and the accuracy the program reported.
-    state = torch.load(os.path.join(run_dir, "model.pt"))
+    state = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
     check_state_dict(state, "model.pt")
     net = python_net()
     net.load_state_dict(state)
@@ -149,7 +149,7 @@ def cmd_run(ddprun, binary, work):
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     with open(os.path.join(ckpt_dir, "latest")) as f:
         latest = f.read().strip()
-    ckpt = torch.load(os.path.join(ckpt_dir, os.path.basename(latest)))
+    ckpt = torch.load(os.path.join(ckpt_dir, os.path.basename(latest)), weights_only=True)
     check_state_dict(ckpt["model"], "checkpoint['model']")
     if ckpt["epoch"] != 1 or ckpt["world_size"] != 2:
         fail(f"checkpoint: epoch {ckpt['epoch']}, world_size {ckpt['world_size']}; "
@@ -188,8 +188,8 @@ def cmd_run(ddprun, binary, work):
         if abs(straight[1][key] - resumed[1][key]) > 1e-6 * max(1.0, abs(straight[1][key])):
             fail(f"epoch 2's {key}: {resumed[1][key]} after --resume, {straight[1][key]} "
                  "without a stop; expected the same")
-    a = torch.load(os.path.join(run_dir, "model.pt"))
-    b = torch.load(os.path.join(work, "straight", "model.pt"))
+    a = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
+    b = torch.load(os.path.join(work, "straight", "model.pt"), weights_only=True)
     for k in a:
         if not torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6):
             fail(f"model.pt after --resume differs from 2 epochs straight at {k}: max diff "

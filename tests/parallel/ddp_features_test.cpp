@@ -378,7 +378,7 @@ TEST(WrapperTest, DestructorRemovesEveryHook) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     ddp_test::Mlp model;
     // Hold the accumulators ourselves, so they outlive DDP and can be inspected.
-    std::vector<std::shared_ptr<torch::autograd::Node>> accs;
+    std::vector<decltype(torch::autograd::impl::grad_accumulator(at::Tensor()))> accs;
     std::vector<size_t> before;
     for (auto& p : model->parameters()) {
       accs.push_back(torch::autograd::impl::grad_accumulator(p));

@@ -42,7 +42,7 @@ def to_json(value):
 
 
 def continue_training(ckpt_path, kind, out_path, report_path):
-    ckpt = torch.load(ckpt_path)
+    ckpt = torch.load(ckpt_path, weights_only=True)  # what 2.6+ does by default
     net = Net()
     python_sd = net.state_dict()
     report = {

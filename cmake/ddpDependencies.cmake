@@ -6,8 +6,29 @@
 # system where present, else from third_party/ (filled by scripts/vendor-deps, for
 # machines without a package registry).
 
+include(ddpTorchLibraries)
+set(_ddp_torch_dir "${Torch_DIR}")
+if(NOT _ddp_torch_dir)
+  foreach(_p IN LISTS CMAKE_PREFIX_PATH)
+    if(EXISTS "${_p}/Torch/TorchConfig.cmake")
+      set(_ddp_torch_dir "${_p}/Torch")
+      break()
+    endif()
+  endforeach()
+endif()
+if(_ddp_torch_dir)
+  ddp_pin_torch_libraries("${_ddp_torch_dir}")
+endif()
 find_package(Torch REQUIRED)
 message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+get_filename_component(_ddp_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
+get_filename_component(_ddp_torch_dir_real "${Torch_DIR}/../../../lib" ABSOLUTE)
+if(EXISTS "${_ddp_torch_dir_real}/libtorch.so" AND
+   NOT _ddp_torch_lib_dir STREQUAL _ddp_torch_dir_real)
+  message(FATAL_ERROR "ddp: Torch_DIR is ${Torch_DIR}, but its library resolved to "
+                      "${TORCH_LIBRARY}, another LibTorch. Configure in a fresh build "
+                      "directory, or set TORCH_LIBRARY.")
+endif()
 
 # c10d's Gloo header includes <gloo/...>. Debian's LibTorch pairs with libgloo-dev. pip
 # torch links Gloo in statically and ships no Gloo headers, so its build uses

@@ -2,6 +2,8 @@
 
 #include "support/harness.h"
 
+#include "../../src/core/comm.h"
+
 #include <ddp/errors.h>
 #include <ddp/process_group.h>
 
@@ -196,6 +198,37 @@ TEST(ProcessGroupTest, NcclUnavailableNamesTheFix) {
   });
   EXPECT_NE(msg.find("backend \"nccl\" is not available"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rebuild against a CUDA LibTorch"), std::string::npos) << msg;
+  EXPECT_FALSE(ddp::is_initialized());
+}
+
+// A CUDA LibTorch (pip torch) must give a build with NCCL; a CPU one (Debian's) without.
+TEST(ProcessGroupTest, NcclIsCompiledInExactlyWithACudaLibTorch) {
+  EXPECT_EQ(ddp::is_nccl_available(), DDP_TEST_TORCH_HAS_CUDA != 0);
+}
+
+// The NCCL loaded at run time is the one nccl.h came from (the nvidia-nccl wheel beside
+// torch), not another libnccl.so.2 on the machine.
+TEST(ProcessGroupTest, LoadedNcclIsTheCompiledOne) {
+  if (!ddp::is_nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  const std::string versions = ddp::detail::nccl_versions();
+  const std::string compiled = versions.substr(0, versions.find(','));
+  EXPECT_NE(versions.find("loaded " + compiled.substr(compiled.find(' ') + 1)),
+            std::string::npos) << versions;
+  EXPECT_NO_THROW(ddp::detail::check_nccl_runtime(0)) << versions;
+}
+
+TEST(ProcessGroupTest, NcclWithoutAGpuNamesTheCause) {
+  if (!ddp::is_nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  if (ddp::detail::cuda_available()) GTEST_SKIP() << "a GPU is visible";
+  auto env = clean_env();
+  ddp_test::TempDir dir;
+  const std::string msg = error_of([&] {
+    ddp::init_process_group(ddp::InitOptions().backend("nccl").rank(1).world_size(2).init_method(
+        "file://" + dir.file("store")));
+  });
+  EXPECT_NE(msg.find("backend \"nccl\" needs a CUDA GPU, but rank 1 sees none"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("Use backend \"gloo\""), std::string::npos) << msg;
   EXPECT_FALSE(ddp::is_initialized());
 }
 

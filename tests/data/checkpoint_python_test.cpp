@@ -105,8 +105,16 @@ TEST_P(CheckpointPythonTest, PythonLoadsTheCheckpointAndContinuesTraining) {
   for (const auto& e : mine) {
     ASSERT_TRUE(python.contains(e.key())) << e.key();
     const at::Tensor p = python.at(e.key());
-    EXPECT_TRUE(ddp_test::same_bits(e.value(), p))
-        << e.key() << ": Python's step differs by up to " << max_diff(e.value(), p);
+    if (kind == "sgd") {
+      EXPECT_TRUE(ddp_test::same_bits(e.value(), p))
+          << e.key() << ": Python's step differs by up to " << max_diff(e.value(), p);
+    } else {
+      // From 2.x on, Python's Adam (float64 bias corrections on a tensor step) and
+      // LibTorch's C++ Adam round differently by about an ulp; 1.13's agreed bit for
+      // bit. A lost or misread moment would move a step of lr = 0.05 by ~1e-2.
+      EXPECT_LE(max_diff(e.value(), p), 1e-7)
+          << e.key() << ": Python's step differs by " << max_diff(e.value(), p);
+    }
   }
 }
 

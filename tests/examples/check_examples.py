@@ -26,6 +26,8 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+
 PACKAGE_HINT = "apt-get install dataset-fashion-mnist"
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 TRAIN_SAMPLES, TEST_SAMPLES, LR = 384, 201, 0.002
@@ -110,6 +112,7 @@ def read_metrics(path):
 
 def cmd_run(ddprun, binary, work):
     import torch
+    import weights_only
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     args = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "1",
@@ -149,7 +152,7 @@ def cmd_run(ddprun, binary, work):
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     with open(os.path.join(ckpt_dir, "latest")) as f:
         latest = f.read().strip()
-    ckpt = torch.load(os.path.join(ckpt_dir, os.path.basename(latest)), weights_only=True)
+    ckpt = weights_only.load(os.path.join(ckpt_dir, os.path.basename(latest)))
     check_state_dict(ckpt["model"], "checkpoint['model']")
     if ckpt["epoch"] != 1 or ckpt["world_size"] != 2:
         fail(f"checkpoint: epoch {ckpt['epoch']}, world_size {ckpt['world_size']}; "

@@ -10,11 +10,15 @@
       eval mode, and a one-entry dict (pickled with SETITEM), for the C++ side to load.
 """
 import json
+import os
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+import weights_only  # noqa: E402
 
 
 class Net(nn.Module):
@@ -42,7 +46,7 @@ def to_json(value):
 
 
 def continue_training(ckpt_path, kind, out_path, report_path):
-    ckpt = torch.load(ckpt_path, weights_only=True)  # what 2.6+ does by default
+    ckpt = weights_only.load(ckpt_path)  # torch.load as 2.6+ does by default
     net = Net()
     python_sd = net.state_dict()
     report = {

@@ -22,9 +22,9 @@ endif()
 find_package(Torch REQUIRED)
 message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
 get_filename_component(_ddp_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
-get_filename_component(_ddp_torch_dir_real "${Torch_DIR}/../../../lib" ABSOLUTE)
-if(EXISTS "${_ddp_torch_dir_real}/libtorch.so" AND
-   NOT _ddp_torch_lib_dir STREQUAL _ddp_torch_dir_real)
+get_filename_component(_ddp_torch_lib_expected "${Torch_DIR}/../../../lib" ABSOLUTE)
+if(EXISTS "${_ddp_torch_lib_expected}/libtorch.so" AND
+   NOT _ddp_torch_lib_dir STREQUAL _ddp_torch_lib_expected)
   message(FATAL_ERROR "ddp: Torch_DIR is ${Torch_DIR}, but its library resolved to "
                       "${TORCH_LIBRARY}, another LibTorch. Configure in a fresh build "
                       "directory, or set TORCH_LIBRARY.")

@@ -19,10 +19,10 @@
 #include <torch/arg.h>
 #include <torch/data/samplers/base.h>
 
-#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace ddp {

@@ -252,6 +252,15 @@ std::unique_ptr<Comm> make_gloo(const CommConfig& c,
 }
 
 #ifdef DDP_WITH_NCCL
+// The version of the libnccl.so.2 loaded in this process (libtorch_cuda's), or 0 when
+// none is. Looked up at run time: ddp-cpp does not link NCCL itself.
+int loaded_nccl_version() {
+  using GetVersion = int (*)(int*);
+  auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+  int version = 0;
+  return get != nullptr && get(&version) == 0 ? version : 0;
+}
+
 std::string nccl_version_string(int code) {
   // Codes are major*10000 + minor*100 + patch from NCCL 2.9 on (major*1000 + ... before).
   const int major = code >= 10000 ? code / 10000 : code / 1000;
@@ -293,10 +302,8 @@ void check_nccl_runtime(int rank) {
   // libtorch_cuda. ddp-cpp itself makes no NCCL call; this only catches a build against
   // one NCCL running against another (a system NCCL first on LD_LIBRARY_PATH, another
   // wheel), where ProcessGroupNCCL's struct layouts and behaviour may differ.
-  using GetVersion = int (*)(int*);
-  auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
-  int runtime = 0;
-  if (get == nullptr || get(&runtime) != 0) {
+  const int runtime = loaded_nccl_version();
+  if (runtime == 0) {
     throw ProcessGroupError(
         "backend \"nccl\" on rank " + std::to_string(rank) +
         ": libnccl.so.2 is not loaded in this process (ncclGetVersion not found), although "
@@ -318,12 +325,9 @@ void check_nccl_runtime(int rank) {
 
 std::string nccl_versions() {
 #ifdef DDP_WITH_NCCL
-  using GetVersion = int (*)(int*);
-  auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
-  int runtime = 0;
-  const std::string loaded =
-      get != nullptr && get(&runtime) == 0 ? nccl_version_string(runtime) : "not loaded";
-  return "compiled " + nccl_version_string(NCCL_VERSION_CODE) + ", loaded " + loaded;
+  const int runtime = loaded_nccl_version();
+  return "compiled " + nccl_version_string(NCCL_VERSION_CODE) + ", loaded " +
+         (runtime == 0 ? std::string("not loaded") : nccl_version_string(runtime));
 #else
   return "not built";
 #endif

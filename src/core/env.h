@@ -2,8 +2,6 @@
 
 #include <ddp/process_group.h>
 
-#include <c10/util/Optional.h>
-
 #include <optional>
 #include <string>
 

@@ -3,7 +3,6 @@
 // Python pickles that older LibTorch unpicklers cannot read. See Note [Python pickles].
 
 #include <ATen/core/ivalue.h>
-#include <c10/util/Optional.h>
 
 #include <optional>
 #include <string>

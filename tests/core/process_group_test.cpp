@@ -10,9 +10,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <optional>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>

@@ -81,9 +81,10 @@ class DistributedDataParallelBase : public torch::nn::Module {
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                               DistributedDataParallelOptions options);
 
-  /// Runs before the wrapped forward: reports an unfinished previous reduction,
-  /// rebuilds buckets once, broadcasts buffers. Returns whether after_forward needs the
-  /// output's tensors (find_unused_parameters).
+  /// Runs before the wrapped forward: reports an unfinished or failed previous
+  /// reduction and parameters changed since construction, rebuilds buckets once,
+  /// broadcasts buffers. Returns whether after_forward wants the output's tensors
+  /// (whenever a graph is recorded: to find the end of backward and unused parameters).
   bool before_forward();
   /// Runs after it: arms the gradient hooks for one reduced backward (or for local
   /// accumulation under no_sync). `output_type` names an output type DDP cannot search

@@ -65,8 +65,13 @@ struct RankInfo {
 /// non-numeric or inconsistent values, naming the variable.
 RankInfo rank_info_from_env();
 
+class ProcessGroup;
+
 namespace detail {
 class Comm;
+/// A group over an already connected Comm (the library's own, or a test double).
+std::shared_ptr<ProcessGroup> make_process_group(std::unique_ptr<Comm> comm);
+Comm& comm_of(const ProcessGroup& pg);
 } // namespace detail
 
 /// A handle to an asynchronous collective.
@@ -122,6 +127,9 @@ class ProcessGroup {
   bool is_shut_down() const;
 
  private:
+  friend std::shared_ptr<ProcessGroup> detail::make_process_group(
+      std::unique_ptr<detail::Comm> comm);
+  friend detail::Comm& detail::comm_of(const ProcessGroup& pg);
   explicit ProcessGroup(std::unique_ptr<detail::Comm> comm);
   detail::Comm& comm() const;
   std::unique_ptr<detail::Comm> comm_;

@@ -43,6 +43,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
+#include <mutex>
+
+#include <signal.h>
 
 namespace ddp {
 namespace detail {
@@ -80,8 +84,9 @@ std::string where(const CommConfig& c) {
 
 class C10dWork final : public PendingWork {
  public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, const CommConfig& config, std::string what)
-      : work_(std::move(work)), config_(config), what_(std::move(what)) {}
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<const CommConfig> config,
+           std::string what)
+      : work_(std::move(work)), config_(std::move(config)), what_(std::move(what)) {}
 
   void wait() override {
     try {
@@ -89,13 +94,13 @@ class C10dWork final : public PendingWork {
       // the host until the kernel finishes. Without one it only makes the current CUDA
       // stream wait on NCCL's (an event), which is what DDP wants; NCCL's watchdog
       // enforces the group's timeout instead. Gloo's wait is a host wait either way.
-      if (config_.backend == "nccl") {
+      if (config_->backend == "nccl") {
         work_->wait();
       } else {
-        work_->wait(config_.timeout);
+        work_->wait(config_->timeout);
       }
     } catch (const std::exception& e) {
-      rethrow_comm_error(e, config_, what_);
+      rethrow_comm_error(e, *config_, what_);
     }
   }
 
@@ -103,7 +108,8 @@ class C10dWork final : public PendingWork {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  const CommConfig& config_;
+  // Shared, not borrowed: a Work may outlive its group's shutdown().
+  std::shared_ptr<const CommConfig> config_;
   std::string what_;
 };
 
@@ -134,72 +140,109 @@ class C10dComm final : public Comm {
 
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
                                           ReduceOp op) override {
+    check_devices("all_reduce", tensors);
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    opts.timeout = config_.timeout;
+    opts.timeout = config_->timeout;
     return run("all_reduce", [&] { return pg()->allreduce(tensors, opts); });
   }
 
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors,
                                          int src) override {
+    check_devices("broadcast", tensors);
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
-    opts.timeout = config_.timeout;
+    opts.timeout = config_->timeout;
     return run("broadcast", [&] { return pg()->broadcast(tensors, opts); });
   }
 
   std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs) override {
+    check_devices("all_gather", inputs);
+    for (const auto& out : outputs) check_devices("all_gather (outputs)", out);
     c10d::AllgatherOptions opts;
-    opts.timeout = config_.timeout;
+    opts.timeout = config_->timeout;
     return run("all_gather", [&] { return pg()->allgather(outputs, inputs, opts); });
   }
 
   void barrier() override {
     c10d::BarrierOptions opts;
-    opts.timeout = config_.timeout;
+    opts.timeout = config_->timeout;
     run("barrier", [&] { return pg()->barrier(opts); })->wait();
   }
 
   void shutdown() override {
-    // Dropping the last reference joins Gloo's worker threads and closes its sockets;
-    // the store goes after the group that uses it.
+    // Dropping the last reference joins the backend's worker threads and closes its
+    // sockets; the store goes after the group that uses it. A worker still inside a
+    // collective that a peer never joined would hold that join until the timeout, so
+    // then the group is left to the process exit instead (see Comm::shutdown).
+    if (pg_ && any_in_flight()) {
+      pg_.release();     // deliberately leaked: its threads are still blocked
+      store_.release();  // used by the leaked group
+      return;
+    }
     pg_.reset();
     store_.reset();
   }
 
  private:
   PG* pg() {
-    TORCH_CHECK(pg_, "process group of ", where(config_), " was already shut down");
+    TORCH_CHECK(pg_, "process group of ", where(*config_), " was already shut down");
     return pg_.get();
   }
 
   template <typename F>
   std::shared_ptr<PendingWork> run(const char* what, F&& launch) {
+    c10::intrusive_ptr<c10d::Work> work;
     try {
-      return std::make_shared<C10dWork>(launch(), config_, what);
+      work = launch();
     } catch (const std::exception& e) {
-      rethrow_comm_error(e, config_, what);
+      rethrow_comm_error(e, *config_, what);
     }
+    track(work);
+    return std::make_shared<C10dWork>(std::move(work), config_, what);
+  }
+
+  // Works launched and not yet seen complete, for shutdown(). Completed ones are
+  // dropped on each launch, so the list stays as short as what is in flight.
+  void track(const c10::intrusive_ptr<c10d::Work>& work) {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                    [](const auto& w) { return w->isCompleted(); }),
+                     in_flight_.end());
+    in_flight_.push_back(work);
+  }
+
+  bool any_in_flight() {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    return std::any_of(in_flight_.begin(), in_flight_.end(),
+                       [](const auto& w) { return !w->isCompleted(); });
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<PG> pg_;
+  std::mutex in_flight_mutex_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
 };
 
 // World size 1: nothing to exchange, every collective is the identity.
 class LocalComm final : public Comm {
  public:
   explicit LocalComm(CommConfig config) : Comm(std::move(config)) {}
+  // The same device checks as with peers, so that code that runs at world size 1
+  // does not first fail at 2.
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
                                           ReduceOp) override {
+    check_devices("all_reduce", tensors);
     return std::make_shared<DoneWork>(tensors);
   }
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int) override {
+    check_devices("broadcast", tensors);
     return std::make_shared<DoneWork>(tensors);
   }
   std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs) override {
+    check_devices("all_gather", inputs);
     for (size_t i = 0; i < inputs.size(); ++i) outputs[i][0].copy_(inputs[i]);
     return std::make_shared<DoneWork>(inputs);
   }
@@ -236,8 +279,26 @@ std::string store_description(const CommConfig& c) {
   return "the FileStore at " + c.store_path;
 }
 
+// Note [SIGPIPE]
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer has gone
+// (killed, or its group released while ours still had a collective in flight). The
+// default action of SIGPIPE kills the process, so a dead peer would take this rank down
+// silently instead of failing the collective with an error that names it. Python, and
+// with it PyTorch, ignores SIGPIPE; a C++ program does not. So a Gloo group sets
+// SIGPIPE to ignored while it is still at its default; a handler the program installed
+// itself is left alone.
+void ignore_sigpipe_if_default() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 std::unique_ptr<Comm> make_gloo(const CommConfig& c,
                                 const c10::intrusive_ptr<c10d::Store>& store) {
+  ignore_sigpipe_if_default();
   auto opts = c10d::ProcessGroupGloo::Options::create(c.timeout);
   if (!c.gloo_interface.empty()) {
     opts->devices.push_back(
@@ -286,6 +347,43 @@ std::unique_ptr<Comm> make_nccl(const CommConfig& c,
 #endif
 
 } // namespace
+
+// ---- Devices (Note [Device discipline]) ------------------------------------------------
+
+c10::Device Comm::device() const {
+  if (config_->backend == "nccl") {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(config_->local_rank));
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+at::Tensor Comm::to_device(const at::Tensor& t) { return t.to(device()); }
+
+at::Tensor Comm::to_host(const at::Tensor& t) { return t.to(c10::Device(c10::DeviceType::CPU)); }
+
+bool Comm::accepts(const c10::Device& d) const {
+  // NCCL reads only this rank's GPU; Gloo reduces host memory and CUDA tensors.
+  if (config_->backend == "nccl") return d == device();
+  return d.is_cpu() || d.is_cuda();
+}
+
+void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensors) const {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const c10::Device d = tensors[i].device();
+    if (C10_UNLIKELY(!accepts(d))) {
+      TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
+                  ", but this group's collectives take tensors on ", device(),
+                  config_->backend == "nccl" ? " (the \"nccl\" backend reads only the GPU "
+                                               "of this rank's local rank)" : "",
+                  ". Move it first, e.g. t.to(pg.device()).");
+    }
+    if (C10_UNLIKELY(i > 0 && d != tensors[0].device())) {
+      TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
+                  " but tensor 0 is on ", tensors[0].device(), "; one collective takes "
+                  "tensors of one device.");
+    }
+  }
+}
 
 bool nccl_compiled() {
 #ifdef DDP_WITH_NCCL

@@ -45,13 +45,34 @@ class PendingWork {
 };
 
 /// A connected group. Collectives take the tensor lists c10d takes.
+///
+/// Note [Device discipline]
+/// Every collective checks that its tensors are on a device the backend reads
+/// (check_devices; NCCL: this rank's GPU only), so a violation is an error that names
+/// the call instead of a crash inside the backend. Bookkeeping collectives (sizes,
+/// orders, counts, bytes) build their tensors on the host, move them with to_device()
+/// and read the result only through to_host() after wait(): on NCCL, wait() merely
+/// makes the current stream wait for the collective, and the copy to the host is what
+/// waits for the data. With Gloo both are the identity.
 class Comm {
  public:
   /// Builds the store and the backend. World size 1 needs neither.
   static std::unique_ptr<Comm> create(const CommConfig& config);
   virtual ~Comm() = default;
 
-  const CommConfig& config() const { return config_; }
+  const CommConfig& config() const { return *config_; }
+  /// Shared with every PendingWork, which may outlive this Comm.
+  const std::shared_ptr<const CommConfig>& shared_config() const { return config_; }
+
+  /// The device bookkeeping tensors travel on: cuda:local_rank for NCCL, else CPU.
+  virtual c10::Device device() const;
+  /// A copy of host tensor `t` on device() (`t` itself when it is already there).
+  virtual at::Tensor to_device(const at::Tensor& t);
+  /// A host tensor holding `t`'s values; call only after the collective's wait().
+  virtual at::Tensor to_host(const at::Tensor& t);
+  /// Throws c10::Error naming `what` unless every tensor is on a device this backend
+  /// can read, and all on the same one.
+  void check_devices(const char* what, const std::vector<at::Tensor>& tensors) const;
 
   /// op is SUM, MAX or MIN (AVG is done above this layer).
   virtual std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
@@ -63,12 +84,29 @@ class Comm {
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs) = 0;
   virtual void barrier() = 0;
+  /// Releases the backend. A collective still in flight (a peer never joined it) would
+  /// block the release until the timeout; then the backend is left to the process
+  /// exit instead, so that shutdown never hangs.
   virtual void shutdown() = 0;
 
  protected:
-  explicit Comm(CommConfig config) : config_(std::move(config)) {}
-  CommConfig config_;
+  explicit Comm(CommConfig config)
+      : config_(std::make_shared<const CommConfig>(std::move(config))) {}
+  /// Whether tensors on `device` may be passed to this backend's collectives.
+  virtual bool accepts(const c10::Device& device) const;
+  std::shared_ptr<const CommConfig> config_;
 };
+
+/// The Comm behind a group (throws if it was shut down).
+Comm& comm_of(const ProcessGroup& pg);
+
+// Bookkeeping collectives (Note [Device discipline]): `host` is a CPU tensor; it is
+// moved to the group's device, the collective runs and is waited for, and the result
+// comes back as a new CPU tensor. Identity at world size 1.
+at::Tensor all_reduce_host(const ProcessGroup& pg, const at::Tensor& host, ReduceOp op);
+at::Tensor broadcast_host(const ProcessGroup& pg, const at::Tensor& host, int src);
+/// Row r of the result is rank r's `host` (1-D, the same numel on every rank).
+at::Tensor all_gather_host(const ProcessGroup& pg, const at::Tensor& host);
 
 /// Whether this build has the "nccl" backend.
 bool nccl_compiled();

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 
 namespace ddp {
@@ -30,9 +32,12 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::future() {
 
 // ---- ProcessGroup ----------------------------------------------------------------
 
+std::shared_ptr<ProcessGroup> detail::make_process_group(std::unique_ptr<Comm> comm) {
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(comm)));
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const InitOptions& options) {
-  detail::CommConfig config = detail::resolve_rendezvous(options);
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(detail::Comm::create(config)));
+  return detail::make_process_group(detail::Comm::create(detail::resolve_rendezvous(options)));
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::Comm> comm) : comm_(std::move(comm)) {}
@@ -58,12 +63,7 @@ int ProcessGroup::local_world_size() const { return comm().config().local_world_
 const std::string& ProcessGroup::backend() const { return comm().config().backend; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return comm().config().timeout; }
 
-c10::Device ProcessGroup::device() const {
-  if (backend() == "nccl") {
-    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank()));
-  }
-  return c10::Device(c10::DeviceType::CPU);
-}
+c10::Device ProcessGroup::device() const { return comm().device(); }
 
 void ProcessGroup::barrier() { comm().barrier(); }
 
@@ -72,22 +72,19 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()),
               "all_reduce with AVG needs a floating-point tensor, but got ",
               tensor.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
-  if (size() == 1) return;
   std::vector<at::Tensor> tensors{tensor};
   comm().all_reduce(tensors, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
-  if (op == ReduceOp::AVG) tensor.div_(size());
+  if (op == ReduceOp::AVG && size() > 1) tensor.div_(size());
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int src) {
   TORCH_CHECK(src >= 0 && src < size(), "broadcast src must be in 0..", size() - 1,
               ", but got ", src);
-  if (size() == 1) return;
   std::vector<at::Tensor> tensors{tensor};
   comm().broadcast(tensors, src)->wait();
 }
 
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
-  if (size() == 1) return {tensor.clone()};
   std::vector<at::Tensor> inputs{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(inputs[0]));
@@ -97,21 +94,56 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 
 std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes) {
   if (size() == 1) return {bytes};
-  // Lengths first, then everyone pads to the longest.
-  auto len = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
-  auto lengths = all_gather(len);
-  int64_t longest = 0;
-  for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
-  auto buf = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
-  std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
-  auto gathered = all_gather(buf);
+  // Lengths first, then every rank's bytes padded to the longest.
+  const int64_t world = size();
+  const at::Tensor lengths = detail::all_gather_host(
+      *this, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
+  const int64_t* length = lengths.data_ptr<int64_t>();
+  const int64_t longest = std::max<int64_t>(*std::max_element(length, length + world), 1);
+  at::Tensor host = at::zeros({longest}, at::kByte);
+  std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+  const at::Tensor gathered = detail::all_gather_host(*this, host);
+  const auto* data = static_cast<const char*>(gathered.data_ptr());
   std::vector<std::string> out;
-  for (size_t r = 0; r < gathered.size(); ++r) {
-    const auto* p = static_cast<const char*>(gathered[r].data_ptr());
-    out.emplace_back(p, static_cast<size_t>(lengths[r].item<int64_t>()));
+  for (int64_t r = 0; r < world; ++r) {
+    out.emplace_back(data + r * longest, static_cast<size_t>(length[r]));
   }
   return out;
 }
+
+namespace detail {
+
+Comm& comm_of(const ProcessGroup& pg) { return pg.comm(); }
+
+at::Tensor all_reduce_host(const ProcessGroup& pg, const at::Tensor& host, ReduceOp op) {
+  TORCH_INTERNAL_ASSERT(op != ReduceOp::AVG, "bookkeeping reductions are exact: no AVG");
+  Comm& c = comm_of(pg);
+  std::vector<at::Tensor> tensors{c.to_device(host)};
+  c.all_reduce(tensors, op)->wait();
+  return c.to_host(tensors[0]);
+}
+
+at::Tensor broadcast_host(const ProcessGroup& pg, const at::Tensor& host, int src) {
+  Comm& c = comm_of(pg);
+  std::vector<at::Tensor> tensors{c.to_device(host)};
+  c.broadcast(tensors, src)->wait();
+  return c.to_host(tensors[0]);
+}
+
+at::Tensor all_gather_host(const ProcessGroup& pg, const at::Tensor& host) {
+  Comm& c = comm_of(pg);
+  std::vector<at::Tensor> inputs{c.to_device(host.reshape({-1}))};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  const int world = c.config().world_size;
+  for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  c.all_gather(outputs, inputs)->wait();
+  std::vector<at::Tensor> rows;
+  rows.reserve(world);
+  for (const at::Tensor& out : outputs[0]) rows.push_back(c.to_host(out));
+  return at::stack(rows);
+}
+
+} // namespace detail
 
 Work ProcessGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op) {
   if (op == ReduceOp::AVG) {

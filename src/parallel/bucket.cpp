@@ -15,8 +15,16 @@ at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef 
   return buffer.narrow(/*dim=*/0, offset, numel).view(sizes);
 }
 
+at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tensor& param) {
+  if (param.is_contiguous() || !param.is_non_overlapping_and_dense()) {
+    return plain_view(buffer, offset, param.sizes());
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return buffer.as_strided(param.sizes(), param.strides(), buffer.storage_offset() + offset);
+}
+
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment) {
+                                 const BucketAssignment& assignment, bool allocate) {
   std::vector<Bucket> buckets(assignment.size());
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket& bucket = buckets[b];
@@ -26,13 +34,14 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
       bucket.offsets.push_back(total);
       total += params[i].numel();
     }
+    bucket.pending = bucket.params.size();
+    if (!allocate) continue;
     const at::Tensor& first = params[bucket.params.front()];
     bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       bucket.views.push_back(
-          plain_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]].sizes()));
+          bucket_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]]));
     }
-    bucket.pending = bucket.params.size();
   }
   return buckets;
 }

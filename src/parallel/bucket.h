@@ -41,7 +41,9 @@ struct Bucket {
   c10::intrusive_ptr<c10::ivalue::Future> future;  // reduction in flight, or null
   std::shared_ptr<BucketTiming> timing = std::make_shared<BucketTiming>();
 
-  int64_t bytes() const { return buffer.numel() * static_cast<int64_t>(buffer.element_size()); }
+  int64_t bytes() const {
+    return buffer.defined() ? buffer.numel() * static_cast<int64_t>(buffer.element_size()) : 0;
+  }
 };
 
 /// Where a parameter's gradient lives: bucket index and position inside it.
@@ -50,15 +52,24 @@ struct Slot {
   size_t index = 0;
 };
 
-/// Allocates zeroed buffers for `assignment` over `params` (the reduced parameters).
+/// Buckets for `assignment` over `params` (the reduced parameters): zeroed buffers and
+/// their views when `allocate`, else only the bookkeeping (world size 1).
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment);
+                                 const BucketAssignment& assignment, bool allocate = true);
 
 /// slots[i]: where params[i] is.
 std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params);
 
 /// A slice of `buffer` shaped like `sizes`, aliasing it without being an autograd view.
 at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes);
+
+/// Note [Bucket view layout]
+/// param's slot in `buffer` (param.numel() elements from `offset`), laid out like param:
+/// a parameter that is dense but not contiguous (channels_last) gets a view with its own
+/// strides, as in PyTorch, so that a gradient as bucket view keeps the parameter's
+/// layout (AccumulateGrad's layout contract) and copies do not transpose. Any other
+/// parameter gets a contiguous view.
+at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tensor& param);
 
 } // namespace detail
 } // namespace ddp

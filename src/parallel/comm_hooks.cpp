@@ -24,7 +24,7 @@ std::vector<at::Tensor> GradBucket::gradients() const {
   std::vector<at::Tensor> out;
   out.reserve(parameters_.size());
   for (size_t k = 0; k < parameters_.size(); ++k) {
-    out.push_back(detail::plain_view(buffer_, offsets_[k], parameters_[k].sizes()));
+    out.push_back(detail::bucket_view(buffer_, offsets_[k], parameters_[k]));
   }
   return out;
 }

@@ -10,7 +10,8 @@
 #include "parallel/trace_writer.h"
 
 #include <ATen/core/grad_mode.h>
-#include <c10/util/Type.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,12 +26,8 @@ struct DistributedDataParallelBase::State {
   std::vector<std::string> reduced_names;
   std::vector<at::Tensor> buffers;
   bool sync_buffers = false;
-  // World size 1: no reducer, nothing is exchanged; the assignment is informational.
   std::shared_ptr<detail::Reducer> reducer;
-  detail::BucketAssignment local_assignment;
-  bool local_hook_registered = false;
   std::shared_ptr<detail::TraceWriter> trace;
-  int no_sync_depth = 0;
   int64_t forward_start_ns = 0;
 };
 
@@ -71,6 +68,36 @@ void check_device(const DistributedDataParallelOptions& o, const std::string& na
               "(model->to(device)), or leave device_ids empty for a CPU module.");
 }
 
+// What DDP cannot reduce is refused here, on every rank, before any collective.
+void check_leaf(const std::string& name, const at::Tensor& p, const std::string& where) {
+  TORCH_CHECK(p.is_leaf(), "DistributedDataParallel ", where, ": parameter '", name,
+              "' is not a leaf tensor: it was computed by ",
+              p.grad_fn() ? p.grad_fn()->name() : std::string("an operation"),
+              ", so autograd never accumulates a gradient into it and DDP cannot average "
+              "one. Register a leaf instead (e.g. register_parameter(name, t.detach()) and "
+              "compute the derived tensor inside forward).");
+}
+
+// Embedding and EmbeddingBag with sparse=true produce sparse gradients, which DDP does
+// not reduce; say so now rather than at the first backward.
+void check_no_sparse_gradients(torch::nn::Module& module, const std::string& where) {
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    bool sparse = false;
+    if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(item.value().get())) {
+      sparse = e->options.sparse();
+    } else if (auto* b = dynamic_cast<torch::nn::EmbeddingBagImpl*>(item.value().get())) {
+      sparse = b->options.sparse();
+    }
+    if (!sparse || !item.value()->named_parameters(false).contains("weight")) continue;
+    if (!item.value()->named_parameters(false)["weight"].requires_grad()) continue;
+    const std::string name = item.key().empty() ? "weight" : item.key() + ".weight";
+    TORCH_CHECK(false, "DistributedDataParallel ", where, ": parameter '", name,
+                "' belongs to an embedding with sparse=true, whose gradients are sparse; "
+                "DDP averages dense gradients only. Construct the embedding with "
+                "sparse(false), or freeze it (requires_grad(false)) before wrapping.");
+  }
+}
+
 std::string format_double(double v) {
   std::ostringstream os;
   os << v;
@@ -95,12 +122,16 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   std::vector<at::Tensor> state_tensors;
   std::vector<at::Tensor> reduced;
   std::unordered_set<const void*> seen;
+  const std::string where =
+      "on rank " + std::to_string(rank) + " of " + std::to_string(s.pg->size());
+  check_no_sparse_gradients(*module, where);
   for (const auto& item : module->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     description.parameters.emplace_back(item.key(), p);
     state_tensors.push_back(p);
     if (!p.requires_grad()) continue;
+    check_leaf(item.key(), p, where);
     check_device(s.options, item.key(), p, rank);
     reduced.push_back(p);
     s.reduced_names.push_back(item.key());
@@ -142,16 +173,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   ro.find_unused_parameters = o.find_unused_parameters();
   ro.gradient_as_bucket_view = o.gradient_as_bucket_view();
   ro.static_graph = o.static_graph();
-  if (s.pg->size() == 1) {
-    // Nothing to exchange: no hooks, no buckets, no broadcasts (see docs/ddp.md).
-    std::vector<detail::ParamSpec> specs;
-    for (const auto& p : reduced) specs.push_back({p.numel(), p.scalar_type(), p.device()});
-    s.local_assignment = detail::initial_buckets(specs, detail::rebuilds_buckets(ro),
-                                                 ro.first_bucket_cap_bytes,
-                                                 ro.bucket_cap_bytes);
-    return;
-  }
-  s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty();
+  // World size 1 has the same reducer (hooks, checks, comm hooks); only the exchange
+  // is skipped (see docs/ddp.md, "World size 1").
+  s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty() && s.pg->size() > 1;
   s.reducer = detail::Reducer::create(std::move(reduced), s.reduced_names, s.pg, ro, s.trace);
 }
 
@@ -168,24 +192,15 @@ const std::vector<std::string>& DistributedDataParallelBase::reduced_parameter_n
 }
 
 std::vector<std::vector<size_t>> DistributedDataParallelBase::bucket_indices() const {
-  return state_->reducer ? state_->reducer->bucket_indices() : state_->local_assignment;
+  return state_->reducer->bucket_indices();
 }
 
 IterationStats DistributedDataParallelBase::last_iteration_stats() const {
-  return state_->reducer ? state_->reducer->last_stats() : IterationStats();
+  return state_->reducer->last_stats();
 }
 
 void DistributedDataParallelBase::register_comm_hook(std::shared_ptr<CommHook> hook) {
-  TORCH_CHECK(hook, "register_comm_hook got a null hook");
-  if (state_->reducer) {
-    state_->reducer->register_comm_hook(std::move(hook));
-    return;
-  }
-  // World size 1 reduces nothing, so the hook never runs; the once-only rule holds.
-  TORCH_CHECK(!state_->local_hook_registered, "DistributedDataParallel on rank 0 of 1: a "
-              "comm hook is already registered; register_comm_hook can be called only "
-              "once, before the first backward.");
-  state_->local_hook_registered = true;
+  state_->reducer->register_comm_hook(std::move(hook));
 }
 
 void DistributedDataParallelBase::register_comm_hook(CommHookFn hook) {
@@ -205,11 +220,10 @@ std::shared_ptr<detail::TraceWriter> DistributedDataParallelBase::trace_writer()
 bool DistributedDataParallelBase::before_forward() {
   State& s = *state_;
   if (s.trace) s.forward_start_ns = detail::steady_now_ns();
-  if (!s.reducer) return false;  // world size 1
   s.reducer->before_forward();
   if (!at::GradMode::is_enabled()) return false;
   if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, /*src=*/0);
-  return s.no_sync_depth == 0 && s.reducer->needs_outputs();
+  return true;
 }
 
 void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs,
@@ -220,21 +234,13 @@ void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& o
     s.trace->complete("forward", detail::kMainTrack, detail::trace_us(s.forward_start_ns),
                       (now - s.forward_start_ns) / 1000);
   }
-  if (!s.reducer) return;
-  const bool sync = s.no_sync_depth == 0;
-  TORCH_CHECK(output_type == nullptr, "DistributedDataParallel on rank ", s.pg->rank(),
-              ": find_unused_parameters needs the tensors of forward's output to find the "
-              "unused parameters, but forward returned a ", c10::demangle(output_type),
-              ", which DDP cannot search. Return a Tensor, std::vector, std::tuple, "
-              "std::pair or c10::IValue, or specialise ddp::OutputTensors for this type "
-              "(see ddp/output_tensors.h).");
-  s.reducer->after_forward(outputs, sync);
+  s.reducer->after_forward(outputs, output_type);
 }
 
 NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& model) : model_(&model) {
-  ++model_->state_->no_sync_depth;
+  model_->state_->reducer->enter_no_sync();
 }
 
-NoSyncGuard::~NoSyncGuard() { --model_->state_->no_sync_depth; }
+NoSyncGuard::~NoSyncGuard() { model_->state_->reducer->exit_no_sync(); }
 
 } // namespace ddp

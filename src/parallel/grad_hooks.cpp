@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace ddp {
@@ -14,7 +15,8 @@ GradHooks::GradHooks(const std::vector<at::Tensor>& params, OnReady on_ready) {
   keys_.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-    TORCH_INTERNAL_ASSERT(acc, "parameter ", i, " has no gradient accumulator");
+    TORCH_INTERNAL_ASSERT(acc, "parameter ", i, " has no gradient accumulator (not a leaf "
+                          "that requires grad; DistributedDataParallel checks this first)");
     const uintptr_t key = acc->add_post_hook(
         std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [shared, i](const variable_list& outputs, const variable_list& /*inputs*/) {
@@ -24,6 +26,40 @@ GradHooks::GradHooks(const std::vector<at::Tensor>& params, OnReady on_ready) {
     accumulators_.push_back(std::move(acc));
     keys_.push_back(key);
   }
+}
+
+bool GradHooks::hooked(const at::Tensor& param, size_t i) const {
+  return torch::autograd::impl::try_get_grad_accumulator(param).get() ==
+         accumulators_[i].get();
+}
+
+namespace {
+
+class CallbackPreHook final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit CallbackPreHook(std::shared_ptr<std::function<void()>> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& grads) override {
+    (*fn_)();
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<std::function<void()>> fn_;
+};
+
+} // namespace
+
+size_t hook_output_nodes(const std::vector<at::Tensor>& outputs, std::function<void()> fn) {
+  auto shared = std::make_shared<std::function<void()>>(std::move(fn));
+  size_t added = 0;
+  for (const at::Tensor& out : outputs) {
+    const auto& node = out.grad_fn();
+    if (!node) continue;
+    node->add_pre_hook(std::make_unique<CallbackPreHook>(shared));
+    ++added;
+  }
+  return added;
 }
 
 GradHooks::~GradHooks() {

@@ -45,10 +45,19 @@ class GradHooks {
     return accumulators_;
   }
 
+  /// Whether params[i] still uses the accumulator hooked here. Changing a parameter's
+  /// dtype or device (module->to(...), set_data) gives it a new accumulator, and the
+  /// gradients of later backward passes would bypass the hook.
+  bool hooked(const at::Tensor& param, size_t i) const;
+
  private:
   std::vector<NodePtr> accumulators_;
   std::vector<uintptr_t> keys_;
 };
+
+/// Calls fn() from a pre-hook on the grad_fn of each of `outputs` that has one, i.e.
+/// when backward first reaches them. Returns how many hooks were added.
+size_t hook_output_nodes(const std::vector<at::Tensor>& outputs, std::function<void()> fn);
 
 } // namespace detail
 } // namespace ddp

@@ -15,19 +15,22 @@ at::Tensor transport_view(const at::Tensor& t) {
 }
 
 void broadcast_chunk(ProcessGroup& pg, const std::vector<at::Tensor>& chunk, int src) {
-  std::vector<at::Tensor> flat;
-  for (const auto& t : chunk) flat.push_back(transport_view(t).reshape({-1}));
-  if (flat.size() == 1) {  // a view of the tensor itself: received in place
-    pg.broadcast(flat[0], src);
+  if (chunk.size() == 1 && chunk[0].is_contiguous()) {  // received in place
+    at::Tensor flat = transport_view(chunk[0]).view({-1});
+    pg.broadcast(flat, src);
     return;
   }
-  at::Tensor buffer = at::cat(flat);
+  // Any layout (channels_last, slices): flattened into one buffer in each tensor's
+  // logical order, then copied back element by element.
+  std::vector<at::Tensor> flat;
+  for (const auto& t : chunk) flat.push_back(transport_view(t).reshape({-1}));
+  at::Tensor buffer = flat.size() == 1 ? flat[0].clone() : at::cat(flat);
   pg.broadcast(buffer, src);
   if (pg.rank() == src) return;
   int64_t offset = 0;
   for (const auto& t : chunk) {
     const int64_t n = t.numel();
-    transport_view(t).view({-1}).copy_(buffer.narrow(0, offset, n));
+    transport_view(t).copy_(buffer.narrow(0, offset, n).view(t.sizes()));
     offset += n;
   }
 }
@@ -47,9 +50,6 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   };
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
-    TORCH_CHECK(t.is_contiguous(), "DDP can only broadcast contiguous parameters and "
-                "buffers, but got one with shape ", t.sizes(), " and strides ", t.strides(),
-                "; make it contiguous before wrapping the module.");
     if (!chunk.empty() && (chunk.front().scalar_type() != t.scalar_type() ||
                            chunk.front().device() != t.device() ||
                            bytes + t.nbytes() > chunk_bytes)) {

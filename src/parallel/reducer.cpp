@@ -1,5 +1,6 @@
 #include "parallel/reducer.h"
 
+#include "core/comm.h"
 #include "parallel/graph_walk.h"
 
 #include <ATen/ATen.h>
@@ -35,13 +36,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       options_(options),
       trace_(std::move(trace)),
       comm_hook_(comm_hooks::allreduce_hook()) {
-  const size_t n = params_.size();
   for (const auto& p : params_) specs_.push_back(ParamSpec{p.numel(), p.scalar_type(), p.device()});
   inverse_world_ = at::scalar_tensor(1.0 / pg_->size(), at::kDouble);
-  ready_.assign(n, false);
-  unused_.assign(n, false);
-  locally_used_.assign(n, false);
-  hook_calls_.assign(n, 0);
+  reset_iteration();
   // See Note [Bucket order]: PyTorch's initial buckets until the real order is known.
   install_buckets(initial_buckets(specs_, rebuilds_buckets(options_),
                                   options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
@@ -52,9 +49,9 @@ Reducer::~Reducer() = default;
 
 void Reducer::install_buckets(const BucketAssignment& assignment) {
   assignment_ = assignment;
-  buckets_ = make_buckets(params_, assignment_);
   slots_ = locate_params(assignment_, params_.size());
-  if (!options_.gradient_as_bucket_view) return;
+  buckets_ = make_buckets(params_, assignment_, /*allocate=*/!local());
+  if (local() || !options_.gradient_as_bucket_view) return;
   // Gradients that already exist move into the buckets, as PyTorch does; the others
   // are adopted when they first arrive (mark_ready).
   at::NoGradGuard no_grad;
@@ -67,6 +64,18 @@ void Reducer::install_buckets(const BucketAssignment& assignment) {
   }
 }
 
+// ---- synchronisation ----------------------------------------------------------------
+
+void Reducer::enter_no_sync() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++no_sync_depth_;
+}
+
+void Reducer::exit_no_sync() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --no_sync_depth_;
+}
+
 // ---- forward side -------------------------------------------------------------------
 
 bool Reducer::records_ready_order() const {
@@ -75,8 +84,19 @@ bool Reducer::records_ready_order() const {
 
 void Reducer::before_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ == Phase::kUnfinished || phase_ == Phase::kReducing) fail_unfinished();
+  check_usable();
+  check_parameters_unchanged();
   if (at::GradMode::is_enabled()) maybe_rebuild_buckets();
+}
+
+void Reducer::check_parameters_unchanged() const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    if (C10_UNLIKELY(!hooks_->hooked(p, i) || p.numel() != specs_[i].numel ||
+                     p.scalar_type() != specs_[i].dtype || p.device() != specs_[i].device)) {
+      fail_parameter_changed(i);
+    }
+  }
 }
 
 void Reducer::maybe_rebuild_buckets() {
@@ -98,51 +118,79 @@ void Reducer::maybe_rebuild_buckets() {
   ready_order_.clear();
 
   // Rank 0's order wins, so every rank launches the same buckets in the same order.
-  at::Tensor wire = at::tensor(order, at::kLong);
-  pg_->broadcast(wire, /*src=*/0);
+  const at::Tensor agreed_host = broadcast_host(*pg_, at::tensor(order, at::kLong), /*src=*/0);
+  const int64_t* data = agreed_host.data_ptr<int64_t>();
   std::vector<size_t> agreed(n);
-  const int64_t* data = wire.data_ptr<int64_t>();
   for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(data[k]);
   install_buckets(assign_buckets(specs_, agreed, options_.first_bucket_cap_bytes,
                                  options_.bucket_cap_bytes));
 }
 
-bool Reducer::needs_outputs() const {
-  return options_.find_unused_parameters && !options_.static_graph;
-}
-
-void Reducer::after_forward(const std::vector<at::Tensor>& outputs, bool sync) {
+void Reducer::after_forward(const std::vector<at::Tensor>& outputs,
+                            const char* unknown_output_type) {
   if (!at::GradMode::is_enabled()) return;  // no graph: no backward to reduce
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync) {
-    phase_ = Phase::kLocal;
+  if (no_sync_depth_ > 0) {
+    // An armed forward stays armed: the backward through its output is reduced, and
+    // gradients of this forward's output join it (Note [Iteration phases]).
+    if (iter_.phase != Phase::kArmed) iter_.phase = Phase::kLocal;
     return;
   }
-  phase_ = Phase::kArmed;
-  forward_end_ns_ = steady_now_ns();
-  std::fill(unused_.begin(), unused_.end(), false);
+  const bool find_unused = options_.find_unused_parameters && !options_.static_graph;
+  if (find_unused && unknown_output_type != nullptr) fail_unknown_output(unknown_output_type);
+  iter_.phase = Phase::kArmed;
+  iter_.forward_id = ++forwards_;
+  iter_.callback_queued = false;
+  iter_.forward_end_ns = steady_now_ns();
+  std::fill(iter_.unused.begin(), iter_.unused.end(), false);
   if (options_.static_graph) {
     if (num_reduced_ > 0) {
-      for (size_t i = 0; i < params_.size(); ++i) unused_[i] = expected_calls_[i] == 0;
+      for (size_t i = 0; i < params_.size(); ++i) iter_.unused[i] = expected_calls_[i] == 0;
     }
-  } else if (options_.find_unused_parameters) {
+  } else if (find_unused) {
     const auto reached = reached_accumulators(outputs, hooks_->accumulators());
-    for (size_t i = 0; i < params_.size(); ++i) unused_[i] = !reached[i];
+    for (size_t i = 0; i < params_.size(); ++i) iter_.unused[i] = !reached[i];
   }
+  // See Note [End-of-backward callback].
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  const uint64_t id = iter_.forward_id;
+  hook_output_nodes(outputs, [weak, id] {
+    if (auto self = weak.lock()) self->on_output_grad(id);
+  });
 }
 
 // ---- backward side ------------------------------------------------------------------
 
+void Reducer::queue_finalize() {
+  iter_.callback_queued = true;
+  std::weak_ptr<Reducer> weak = shared_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto self = weak.lock()) self->finalize_backward();
+  });
+}
+
+void Reducer::on_output_grad(uint64_t forward_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Only the latest synced forward's outputs count, once per backward.
+  if (forward_id != iter_.forward_id || iter_.callback_queued) return;
+  if (iter_.phase != Phase::kArmed && iter_.phase != Phase::kReducing) return;
+  queue_finalize();
+}
+
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  locally_used_[index] = true;
-  switch (phase_) {
+  // Only a defined gradient counts as use: a hook may fire with none (an output that
+  // did not contribute), and a parameter no rank used keeps its .grad() untouched.
+  if (params_[index].grad().defined()) iter_.locally_used[index] = true;
+  switch (iter_.phase) {
     case Phase::kLocal:
       return;  // no_sync: the gradient stays where the engine put it
     case Phase::kIdle:
       fail_backward_without_forward(index);
     case Phase::kUnfinished:
       fail_unfinished();
+    case Phase::kFailed:
+      fail_failed();
     case Phase::kArmed:
       begin_backward();
       break;
@@ -151,7 +199,7 @@ void Reducer::on_grad_ready(size_t index) {
   }
 
   if (options_.static_graph) {
-    const int calls = ++hook_calls_[index];
+    const int calls = ++iter_.hook_calls[index];
     if (num_reduced_ == 0) {
       // First iteration: count arrivals, reduce everything in finalize_backward.
       if (calls == 1) ready_order_.push_back(index);
@@ -160,23 +208,19 @@ void Reducer::on_grad_ready(size_t index) {
     if (calls > expected_calls_[index]) fail_static_graph_changed(index, calls);
     if (calls < expected_calls_[index]) return;
   }
-  if (ready_[index]) fail_ready_twice(index);
+  if (iter_.ready[index]) fail_ready_twice(index);
   if (records_ready_order()) ready_order_.push_back(index);
   mark_ready(index);
 }
 
 void Reducer::begin_backward() {
-  phase_ = Phase::kReducing;
-  std::weak_ptr<Reducer> weak = shared_from_this();
-  // See Note [End-of-backward callback].
-  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-    if (auto self = weak.lock()) self->finalize_backward();
-  });
+  iter_.phase = Phase::kReducing;
+  if (!iter_.callback_queued) queue_finalize();  // no output pre-hook ran
   if (static_first_iteration()) return;
   // Unused parameters contribute zeros (or what they accumulated under no_sync). They
   // are marked now, not in forward, so nothing is launched before backward starts.
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (unused_[i]) mark_ready(i);
+    if (iter_.unused[i]) mark_ready(i);
   }
 }
 
@@ -189,16 +233,16 @@ void Reducer::begin_backward() {
 void Reducer::mark_ready(size_t index) {
   const Slot slot = slots_[index];
   Bucket& bucket = buckets_[slot.bucket];
-  at::Tensor& view = bucket.views[slot.index];
   const at::Tensor& grad = params_[index].grad();
-  {
+  TORCH_CHECK(!grad.defined() || !grad.is_sparse(), "DistributedDataParallel", where(),
+              ": parameter '", names_[index], "' has a sparse gradient, which DDP does not "
+              "reduce. Use a dense gradient (e.g. Embedding without sparse=true).");
+  if (!local()) {
+    at::Tensor& view = bucket.views[slot.index];
     at::NoGradGuard no_grad;
     if (!grad.defined()) {
       view.zero_();
     } else {
-      TORCH_CHECK(!grad.is_sparse(), "DistributedDataParallel", where(), ": parameter '",
-                  names_[index], "' has a sparse gradient, which DDP does not reduce. Use a "
-                  "dense gradient (e.g. Embedding without sparse=true).");
       const bool in_bucket = options_.gradient_as_bucket_view && grad.is_alias_of(view);
       if (in_bucket) {
         // Accumulated straight into the bucket by the engine.
@@ -216,12 +260,13 @@ void Reducer::mark_ready(size_t index) {
       }
     }
   }
-  ready_[index] = true;
+  iter_.ready[index] = true;
   TORCH_INTERNAL_ASSERT(bucket.pending > 0, "bucket ", slot.bucket, " over-counted");
   if (--bucket.pending > 0) return;
   // See Note [Bucket order]: launch strictly in order.
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    launch(next_bucket_++);
+  while (iter_.next_bucket < buckets_.size() && buckets_[iter_.next_bucket].pending == 0) {
+    const size_t b = iter_.next_bucket++;
+    if (!local()) launch(b);
   }
 }
 
@@ -260,13 +305,16 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
   TORCH_CHECK(!custom_hook_, "DistributedDataParallel", where(), ": a comm hook ('",
               comm_hook_->name(), "') is already registered; register_comm_hook can be "
               "called only once, before the first backward.");
-  TORCH_CHECK(num_reduced_ == 0 && phase_ != Phase::kReducing, "DistributedDataParallel",
+  TORCH_CHECK(num_reduced_ == 0 && iter_.phase != Phase::kReducing, "DistributedDataParallel",
               where(), ": register_comm_hook('", hook->name(), "') must be called before "
               "the first backward, but ", num_reduced_, " iteration(s) were already reduced "
               "with '", comm_hook_->name(), "'. Register the hook right after constructing "
               "DDP, on every rank.");
+  const bool was_local = local();
   comm_hook_ = std::move(hook);
   custom_hook_ = true;
+  // World size 1 had no bucket buffers; the hook needs them.
+  if (was_local) install_buckets(assignment_);
 }
 
 BucketAssignment Reducer::bucket_indices() const {

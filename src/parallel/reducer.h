@@ -1,30 +1,41 @@
 #pragma once
 
 // The reducer: turns "parameter i's gradient is ready" events into bucketed, ordered,
-// overlapped all-reduces, and writes the averages back at the end of backward.
+// overlapped all-reduces, and writes the averages back at the end of backward. It owns
+// every decision about synchronisation: whether a forward's backward is reduced
+// (no_sync, world size 1), which parameters count as used, and when an iteration ends.
 //
 // Contract, per iteration:
-//   before_forward()          the previous reduction must have finished; rebuild once
-//   after_forward(out, sync)  arm for one reduced backward (or local accumulation)
-//   on_grad_ready(i)          from parameter i's accumulator hook, during backward
-//   finalize_backward()       from the engine, once, when backward ends
+//   before_forward()             the previous reduction must have finished; rebuild once
+//   after_forward(outputs, ...)  arm for one reduced backward (or local accumulation)
+//   on_grad_ready(i)             from parameter i's accumulator hook, during backward
+//   finalize_backward()          from the engine, once, when the outermost backward ends
 //
 // Note [Iteration phases]
-//   kIdle --forward--> kArmed --first gradient--> kReducing --end of backward--> kIdle
-//                        |                             |
-//                        |                             +--(gradients missing)--> kUnfinished
-//   forward under no_sync --> kLocal (hooks only record use; gradients stay local)
-// A gradient arriving in kIdle is a backward without its forward; any forward in
+//   kIdle --synced forward--> kArmed --first gradient--> kReducing --end of backward--> kIdle
+//     |                         |  ^                          |
+//     |                         |  +-- forward under no_sync  +--(gradients missing)--> kUnfinished
+//     +--forward under no_sync--+--> kLocal (hooks only record use; gradients stay local)
+//   any phase --a bucket's reduction failed--> kFailed (for good: the group is broken)
+// A forward under no_sync() after a synced one leaves the reducer armed: one backward
+// through both outputs is reduced, as in PyTorch (the synced forward asked for it). A
+// gradient arriving in kIdle is a backward without its forward; any forward in
 // kUnfinished (or in kReducing, after a backward that threw) reports the parameters
-// that got no gradient. Errors are raised where the user can act on them and never by
-// waiting: no phase waits for a peer except for collectives every rank issues alike.
+// that got no gradient; any use in kFailed reports the failure. Errors are raised where
+// the user can act on them and never by waiting: no phase waits for a peer except for
+// collectives every rank issues alike.
 //
 // Note [End-of-backward callback]
-// The first gradient of an iteration queues finalize_backward on the autograd engine
-// (Engine::queue_callback); the engine runs it on the backward thread after the whole
-// graph has executed, i.e. after every accumulator hook. It waits for the launched
-// buckets, writes the averages back and resets. The callback holds a weak_ptr, so a
-// reducer destroyed meanwhile turns it into a no-op.
+// finalize_backward must run once, after every gradient of the backward has arrived.
+// The autograd engine runs callbacks queued with Engine::queue_callback when the graph
+// task that is current at queueing time ends. With reentrant backward (activation
+// checkpointing whose backward calls backward), accumulator hooks also fire inside
+// nested graph tasks, which end long before the outer one. So the callback is queued
+// from a pre-hook on the grad_fn of each output of the synced forward: that node runs
+// first, in the outermost backward, before any gradient of the model. Only when no
+// output has a grad_fn (or backward does not start from the outputs) is it queued by
+// the first gradient hook instead. The callback holds a weak_ptr, so a reducer
+// destroyed meanwhile turns it into a no-op.
 
 #include <ddp/comm_hooks.h>
 #include <ddp/iteration_stats.h>
@@ -71,11 +82,16 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
                                          std::shared_ptr<TraceWriter> trace);
   ~Reducer();
 
+  // ---- synchronisation ----
+  /// no_sync() nests: forwards run while the depth is above zero are not reduced.
+  void enter_no_sync();
+  void exit_no_sync();
+
   // ---- forward side ----
   void before_forward();
-  /// Whether after_forward wants the forward's output tensors (to find unused ones).
-  bool needs_outputs() const;
-  void after_forward(const std::vector<at::Tensor>& outputs, bool sync);
+  /// `outputs`: the forward's output tensors; `unknown_output_type`: the name of an
+  /// output type DDP cannot search for tensors, or nullptr.
+  void after_forward(const std::vector<at::Tensor>& outputs, const char* unknown_output_type);
 
   // ---- backward side ----
   void on_grad_ready(size_t index);
@@ -87,13 +103,33 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   IterationStats last_stats() const;
 
  private:
-  enum class Phase { kIdle, kArmed, kLocal, kReducing, kUnfinished };
+  enum class Phase { kIdle, kArmed, kLocal, kReducing, kUnfinished, kFailed };
+
+  /// Everything that lives for one iteration, reset as one (reset_iteration).
+  struct Iteration {
+    Phase phase = Phase::kIdle;
+    uint64_t forward_id = 0;         // which synced forward armed it (output pre-hooks)
+    bool callback_queued = false;    // finalize_backward is queued on the engine
+    std::vector<bool> ready;
+    std::vector<bool> unused;        // marked ready with zero contribution
+    std::vector<bool> locally_used;  // a defined gradient arrived (also under no_sync)
+    std::vector<int> hook_calls;     // static_graph: gradient arrivals per parameter
+    size_t next_bucket = 0;
+    int64_t forward_end_ns = 0;
+    std::vector<size_t> missing;     // kUnfinished: parameters without gradient
+  };
 
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           std::shared_ptr<ProcessGroup> pg, ReducerOptions options,
           std::shared_ptr<TraceWriter> trace);
 
   // reducer.cpp
+  /// World size 1 with the default hook: nothing to exchange, so gradients stay where
+  /// the engine put them (no bucket copies); every check still runs.
+  bool local() const { return pg_->size() == 1 && !custom_hook_; }
+  void check_parameters_unchanged() const;
+  void queue_finalize();
+  void on_output_grad(uint64_t forward_id);
   void begin_backward();
   void mark_ready(size_t index);
   void launch(size_t bucket);
@@ -110,16 +146,20 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_for_buckets(IterationStats& stats, const std::vector<int>* use);
   void write_back(const Bucket& bucket, const std::vector<int>& global_use);
   void reset_iteration();
-  void record_trace(const IterationStats& stats, int64_t finalize_start_ns,
-                    int64_t wait_start_ns, int64_t wait_end_ns);
+  void record_trace(const IterationStats& stats, int64_t forward_end_ns,
+                    int64_t finalize_start_ns, int64_t wait_start_ns, int64_t wait_end_ns);
 
   // reducer_errors.cpp
   std::string where() const;
   std::string quoted_names(const std::vector<size_t>& indices) const;
+  void check_usable() const;
   [[noreturn]] void fail_unfinished() const;
+  [[noreturn]] void fail_failed() const;
   [[noreturn]] void fail_backward_without_forward(size_t index) const;
   [[noreturn]] void fail_ready_twice(size_t index) const;
   [[noreturn]] void fail_static_graph_changed(size_t index, int calls) const;
+  [[noreturn]] void fail_parameter_changed(size_t index) const;
+  [[noreturn]] void fail_unknown_output(const char* type) const;
 
   // Fixed at construction.
   const std::vector<at::Tensor> params_;
@@ -134,28 +174,23 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   mutable std::mutex mutex_;
   std::shared_ptr<CommHook> comm_hook_;
   bool custom_hook_ = false;
+  int no_sync_depth_ = 0;
 
-  // Buckets (replaced once by the rebuild).
+  // Buckets (replaced once by the rebuild). Buffers exist only when !local().
   BucketAssignment assignment_;
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;
   bool rebuilt_ = false;
   std::vector<size_t> ready_order_;  // first reduced iteration, for the rebuild
 
-  // This iteration.
-  Phase phase_ = Phase::kIdle;
-  std::vector<bool> ready_;
-  std::vector<bool> unused_;       // marked ready with zero contribution
-  std::vector<bool> locally_used_; // a gradient arrived (also under no_sync)
-  std::vector<int> hook_calls_;    // static_graph: gradient arrivals per parameter
-  size_t next_bucket_ = 0;
-  int64_t forward_end_ns_ = 0;
-  std::vector<size_t> missing_;    // kUnfinished: parameters without gradient
+  Iteration iter_;
 
   // Across iterations.
+  uint64_t forwards_ = 0;
   int64_t num_reduced_ = 0;
   std::vector<int> expected_calls_;  // static_graph: from the first iteration
   std::vector<int> static_global_use_;
+  std::string failure_;              // kFailed: what failed
   IterationStats last_stats_;
 };
 

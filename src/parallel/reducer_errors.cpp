@@ -3,7 +3,10 @@
 
 #include "parallel/reducer.h"
 
+#include <ddp/errors.h>
+
 #include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <c10/util/StringUtil.h>
 
 namespace ddp {
@@ -28,11 +31,54 @@ std::string Reducer::quoted_names(const std::vector<size_t>& indices) const {
   return s;
 }
 
+void Reducer::check_usable() const {
+  switch (iter_.phase) {
+    case Phase::kUnfinished:
+    case Phase::kReducing:
+      fail_unfinished();
+    case Phase::kFailed:
+      fail_failed();
+    default:
+      return;
+  }
+}
+
+void Reducer::fail_failed() const {
+  throw ProcessGroupError(c10::str(
+      "DistributedDataParallel", where(), ": an earlier gradient reduction of this model "
+      "failed, so its process group is broken and the ranks' gradients are no longer "
+      "consistent. The failure was: ", failure_, ". Destroy the process group "
+      "(ddp::destroy_process_group()), create a new one, and wrap the model in a new "
+      "DistributedDataParallel (restore from a checkpoint to resume)."));
+}
+
+void Reducer::fail_parameter_changed(size_t index) const {
+  const at::Tensor& p = params_[index];
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": parameter '", names_[index], "' changed "
+      "after DDP was constructed: it was ", specs_[index].numel, " elements of ",
+      specs_[index].dtype, " on ", specs_[index].device, ", and is now ", p.numel(),
+      " elements of ", p.scalar_type(), " on ", p.device(),
+      hooks_->hooked(p, index) ? "" : " with a new gradient accumulator",
+      ". DDP's gradient hooks and buckets were built for the old parameter, so its "
+      "gradients would silently no longer be averaged. Convert or move the model first "
+      "(model->to(device, dtype)) and then wrap it, or wrap it again after converting."));
+}
+
+void Reducer::fail_unknown_output(const char* type) const {
+  raise(c10::str(
+      "DistributedDataParallel", where(), ": find_unused_parameters needs the tensors of "
+      "forward's output to find the unused parameters, but forward returned a ",
+      c10::demangle(type), ", which DDP cannot search. Return a Tensor, std::vector, "
+      "std::tuple, std::pair or c10::IValue, or specialise ddp::OutputTensors for this type "
+      "(see ddp/output_tensors.h)."));
+}
+
 void Reducer::fail_unfinished() const {
-  if (phase_ == Phase::kReducing) {  // the backward itself failed before its end
+  if (iter_.phase == Phase::kReducing) {  // the backward itself failed before its end
     std::vector<size_t> waiting;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!ready_[i]) waiting.push_back(i);
+      if (!iter_.ready[i]) waiting.push_back(i);
     }
     raise(c10::str(
         "DistributedDataParallel", where(), ": the previous backward did not finish (it "
@@ -58,11 +104,12 @@ void Reducer::fail_unfinished() const {
   }
   raise(c10::str(
       "DistributedDataParallel", where(), ": expected the previous iteration's gradient "
-      "reduction to have finished before this forward, but ", missing_.size(), " of ",
+      "reduction to have finished before this forward, but ", iter_.missing.size(), " of ",
       params_.size(), " parameters got no gradient in that backward: ",
-      quoted_names(missing_), ". DDP averages every parameter's gradient in each backward "
+      quoted_names(iter_.missing), ". DDP averages every parameter's gradient in each backward "
       "and cannot finish without them (their buckets were not reduced, so gradients now "
-      "differ across ranks).", hint));
+      "differ across ranks; if ranks skipped different parameters, buckets that some "
+      "ranks launched can never complete, so recreate the process group).", hint));
 }
 
 void Reducer::fail_backward_without_forward(size_t index) const {
@@ -77,7 +124,7 @@ void Reducer::fail_backward_without_forward(size_t index) const {
 }
 
 void Reducer::fail_ready_twice(size_t index) const {
-  if (unused_[index]) {
+  if (iter_.unused[index]) {
     raise(c10::str(
         "DistributedDataParallel", where(), ": parameter '", names_[index], "' was marked "
         "ready twice in one backward. find_unused_parameters found it unreachable from "

@@ -3,6 +3,8 @@
 
 #include "parallel/reducer.h"
 
+#include "core/comm.h"
+
 #include <ddp/errors.h>
 
 #include <ATen/ATen.h>
@@ -44,49 +46,52 @@ at::Tensor hook_result(const c10::IValue& value) {
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (phase_ != Phase::kReducing) return;  // nothing armed this iteration
+  iter_.callback_queued = false;
+  if (iter_.phase != Phase::kReducing) return;  // no gradient reached this backward
   const int64_t finalize_start_ns = steady_now_ns();
 
   IterationStats stats;
   stats.iteration = num_reduced_ + 1;
   stats.num_buckets = buckets_.size();
-  stats.backward_ms = ms_between(forward_end_ns_, finalize_start_ns);
-  stats.buckets_launched_before_end = next_bucket_;
-  for (size_t b = 0; b < next_bucket_; ++b) {
-    stats.buckets_done_before_end += buckets_[b].future->completed() ? 1 : 0;
+  stats.backward_ms = ms_between(iter_.forward_end_ns, finalize_start_ns);
+  stats.buckets_launched_before_end = iter_.next_bucket;
+  for (size_t b = 0; b < iter_.next_bucket; ++b) {
+    const auto& future = buckets_[b].future;
+    stats.buckets_done_before_end += future && future->completed() ? 1 : 0;
   }
 
   if (static_first_iteration()) {
     // All arrivals are counted; now reduce everything, in bucket order.
-    expected_calls_ = hook_calls_;
+    expected_calls_ = iter_.hook_calls;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!ready_[i]) mark_ready(i);
+      if (!iter_.ready[i]) mark_ready(i);
     }
   }
 
-  missing_.clear();
+  iter_.missing.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!ready_[i]) missing_.push_back(i);
+    if (!iter_.ready[i]) iter_.missing.push_back(i);
   }
-  const int64_t wait_start_ns = steady_now_ns();
-  if (!missing_.empty()) {
-    // Every rank that misses the same gradients launched the same buckets; finish
-    // them so no collective is left running on our buffers, then report at the next
-    // forward (see Note [Iteration phases]).
-    phase_ = Phase::kUnfinished;
-    wait_for_buckets(stats, nullptr);
+  if (!iter_.missing.empty()) {
+    // Report at the next forward (Note [Iteration phases]). The buckets already
+    // launched are not waited for: a rank that missed other gradients never launches
+    // them, and waiting would block until the timeout. Their futures stay referenced
+    // (kUnfinished is final), so their buffers outlive the collectives.
+    iter_.phase = Phase::kUnfinished;
     return;
   }
 
+  const int64_t wait_start_ns = steady_now_ns();
   const std::vector<int> use = global_use();
   wait_for_buckets(stats, &use);
   const int64_t wait_end_ns = steady_now_ns();
   stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
   if (static_first_iteration()) static_global_use_ = use;
   ++num_reduced_;
+  const int64_t forward_end_ns = iter_.forward_end_ns;
   reset_iteration();
   last_stats_ = stats;
-  if (trace_) record_trace(stats, finalize_start_ns, wait_start_ns, wait_end_ns);
+  if (trace_) record_trace(stats, forward_end_ns, finalize_start_ns, wait_start_ns, wait_end_ns);
 }
 
 std::vector<int> Reducer::global_use() {
@@ -97,11 +102,13 @@ std::vector<int> Reducer::global_use() {
   }
   // How many ranks produced a gradient for each parameter: one that no rank used
   // keeps its .grad() untouched instead of getting a zero.
-  at::Tensor counts = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  const int64_t n = static_cast<int64_t>(params_.size());
+  at::Tensor counts = at::empty({n}, at::kInt);
   int* data = counts.data_ptr<int>();
-  for (size_t i = 0; i < params_.size(); ++i) data[i] = locally_used_[i] ? 1 : 0;
-  pg_->all_reduce(counts, ReduceOp::SUM);
-  return std::vector<int>(data, data + params_.size());
+  for (int64_t i = 0; i < n; ++i) data[i] = iter_.locally_used[i] ? 1 : 0;
+  const at::Tensor summed = all_reduce_host(*pg_, counts, ReduceOp::SUM);
+  const int* sums = summed.data_ptr<int>();
+  return std::vector<int>(sums, sums + n);
 }
 
 // Note [Write-back per bucket]
@@ -124,6 +131,9 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
                                std::to_string(bucket.params.size()) + " parameters, " +
                                std::to_string(bucket.bytes()) + " bytes, comm hook '" +
                                comm_hook_->name() + "') failed. Cause: " + cause;
+      // Every later use of this model reports this (fail_failed): the group is broken.
+      iter_.phase = Phase::kFailed;
+      failure_ = text;
       if (mentions_timeout(cause)) {
         throw TimeoutError(text + ". A peer did not take part in time: check that every "
                            "rank runs the same number of forward/backward iterations.");
@@ -169,23 +179,28 @@ void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_us
 }
 
 void Reducer::reset_iteration() {
-  phase_ = Phase::kIdle;
-  std::fill(ready_.begin(), ready_.end(), false);
-  std::fill(unused_.begin(), unused_.end(), false);
-  std::fill(locally_used_.begin(), locally_used_.end(), false);
-  std::fill(hook_calls_.begin(), hook_calls_.end(), 0);
+  const size_t n = params_.size();
+  Iteration& it = iter_;
+  it.phase = Phase::kIdle;
+  it.callback_queued = false;
+  it.ready.assign(n, false);
+  it.unused.assign(n, false);
+  it.locally_used.assign(n, false);
+  it.hook_calls.assign(n, 0);
+  it.next_bucket = 0;
+  it.missing.clear();
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.future.reset();
   }
-  next_bucket_ = 0;
 }
 
-void Reducer::record_trace(const IterationStats& stats, int64_t finalize_start_ns,
-                           int64_t wait_start_ns, int64_t wait_end_ns) {
+void Reducer::record_trace(const IterationStats& stats, int64_t forward_end_ns,
+                           int64_t finalize_start_ns, int64_t wait_start_ns,
+                           int64_t wait_end_ns) {
   const std::string iter = "\"iteration\":" + std::to_string(stats.iteration);
-  trace_->complete("backward", kMainTrack, trace_us(forward_end_ns_),
-                   (finalize_start_ns - forward_end_ns_) / 1000,
+  trace_->complete("backward", kMainTrack, trace_us(forward_end_ns),
+                   (finalize_start_ns - forward_end_ns) / 1000,
                    iter + ",\"buckets_launched_before_end\":" +
                        std::to_string(stats.buckets_launched_before_end) +
                        ",\"buckets_done_before_end\":" +
@@ -194,6 +209,7 @@ void Reducer::record_trace(const IterationStats& stats, int64_t finalize_start_n
     const Bucket& bucket = buckets_[b];
     trace_->name_track(kBucketTrack + static_cast<int>(b), "bucket " + std::to_string(b));
     const int64_t launch = bucket.timing->launch_ns.load();
+    if (launch == 0) continue;  // world size 1: nothing was sent
     const int64_t done = bucket.timing->done_ns.load();
     trace_->complete("all_reduce", kBucketTrack + static_cast<int>(b), trace_us(launch),
                      ((done != 0 ? done : wait_end_ns) - launch) / 1000,

@@ -193,11 +193,9 @@ int run(const Args& args) {
   auto model = bench::build(args.model);
   using DDP = ddp::DistributedDataParallel<torch::nn::Sequential>;
   DDP dmodel(nullptr);
-  if (args.ddp) {
-    auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb);
-    if (!args.trace.empty()) options.trace_path(args.trace);
-    dmodel = DDP(model, options);
-  }
+  auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb);
+  if (!args.trace.empty()) options.trace_path(args.trace);
+  if (args.ddp) dmodel = DDP(model, options);
   std::filesystem::create_directories(args.out);
   auto data = bench::batches(args.model, rank);
 
@@ -208,12 +206,18 @@ int run(const Args& args) {
   }
   // --with-plain: the same loop without DDP, on the same module (its own forward, not
   // the wrapper's), so that both loops use the very same tensors. See Note [Paired
-  // overhead] in bench_py.py.
+  // overhead] in bench_py.py. DDP's gradient hooks refuse a backward that bypassed the
+  // wrapper, also at world size 1, so the module is unwrapped for plain blocks and
+  // wrapped again for DDP blocks, outside the timed iterations.
   std::unique_ptr<Loop> plain_loop;
   if (args.with_plain) {
     TORCH_CHECK(args.ddp && world == 1, "--with-plain 1 needs --ddp 1 and world size 1");
     plain_loop = std::make_unique<Loop>(model, args.lr);
   }
+  auto wrapped = [&](bool wrap) {
+    if (!args.with_plain || wrap == !dmodel.is_empty()) return;
+    dmodel = wrap ? DDP(model, options) : DDP(nullptr);
+  };
   auto step = [&](Loop& loop, int i) {
     const auto& batch = data[i % data.size()];
     loop.step(batch.first, batch.second, args.set_to_none);
@@ -226,8 +230,11 @@ int run(const Args& args) {
   }
 
   for (int i = 0; i < args.warmup; ++i) {
+    wrapped(true);
     step(main_loop, i);
-    if (plain_loop) step(*plain_loop, i);
+    if (!plain_loop) continue;
+    wrapped(false);
+    step(*plain_loop, i);
   }
   if (args.ddp) ddp::barrier();
 
@@ -241,6 +248,7 @@ int run(const Args& args) {
   double cpu_s = 0, plain_cpu_s = 0;  // every thread of the process, Gloo's included
   auto run_block = [&](bool is_plain) {
     auto& t = is_plain ? plain_times : times;
+    wrapped(!is_plain);
     const double cpu_start = process_cpu_seconds();
     for (int k = 0; k < args.block && static_cast<int>(t.size()) < args.iters; ++k) {
       const int i = args.warmup + static_cast<int>(t.size());

@@ -118,8 +118,8 @@ def main():
         # iterations with the DDP loop. Separate launches differ by up to 10% on this
         # machine, and so do two copies of a model in one process (where glibc puts their
         # weights), which would drown a 1% overhead. Outside a DDP forward, PyTorch's
-        # gradient hooks return at once (the reducer expects no hooks), and ddp-cpp at
-        # world size 1 registers none.
+        # gradient hooks return at once (the reducer expects no hooks); ddp-cpp's refuse
+        # such a backward, so bench_cpp unwraps the module for its plain blocks.
         steps["plain"] = make_step(model, model, args.lr, data, set_to_none)
 
     os.makedirs(args.out, exist_ok=True)

@@ -83,8 +83,8 @@ class DistributedDataParallelBase : public torch::nn::Module {
 
   /// Runs before the wrapped forward: reports an unfinished or failed previous
   /// reduction and parameters changed since construction, rebuilds buckets once,
-  /// broadcasts buffers. Returns whether after_forward wants the output's tensors
-  /// (whenever a graph is recorded: to find the end of backward and unused parameters).
+  /// broadcasts buffers. Returns whether after_forward wants the output's tensors (to
+  /// find unused parameters, or the end of the first static_graph backward).
   bool before_forward();
   /// Runs after it: arms the gradient hooks for one reduced backward (or for local
   /// accumulation under no_sync). `output_type` names an output type DDP cannot search

@@ -369,6 +369,7 @@ bool Comm::accepts(const c10::Device& d) const {
 
 void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensors) const {
   for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined()) continue;  // the backend names that itself
     const c10::Device d = tensors[i].device();
     if (C10_UNLIKELY(!accepts(d))) {
       TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
@@ -377,7 +378,7 @@ void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensor
                                                "of this rank's local rank)" : "",
                   ". Move it first, e.g. t.to(pg.device()).");
     }
-    if (C10_UNLIKELY(i > 0 && d != tensors[0].device())) {
+    if (C10_UNLIKELY(i > 0 && tensors[0].defined() && d != tensors[0].device())) {
       TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
                   " but tensor 0 is on ", tensors[0].device(), "; one collective takes "
                   "tensors of one device.");

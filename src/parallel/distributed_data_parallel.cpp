@@ -220,10 +220,10 @@ std::shared_ptr<detail::TraceWriter> DistributedDataParallelBase::trace_writer()
 bool DistributedDataParallelBase::before_forward() {
   State& s = *state_;
   if (s.trace) s.forward_start_ns = detail::steady_now_ns();
-  s.reducer->before_forward();
+  const bool wants_outputs = s.reducer->before_forward();
   if (!at::GradMode::is_enabled()) return false;
   if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, /*src=*/0);
-  return true;
+  return wants_outputs;
 }
 
 void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs,

@@ -35,28 +35,30 @@ bool GradHooks::hooked(const at::Tensor& param, size_t i) const {
 
 namespace {
 
-class CallbackPreHook final : public torch::autograd::FunctionPreHook {
+class OutputPreHook final : public torch::autograd::FunctionPreHook {
  public:
-  explicit CallbackPreHook(std::shared_ptr<std::function<void()>> fn) : fn_(std::move(fn)) {}
+  OutputPreHook(std::weak_ptr<OutputListener> listener, uint64_t forward_id)
+      : listener_(std::move(listener)), forward_id_(forward_id) {}
   torch::autograd::variable_list operator()(
       const torch::autograd::variable_list& grads) override {
-    (*fn_)();
+    if (auto listener = listener_.lock()) listener->on_output_grad(forward_id_);
     return grads;
   }
 
  private:
-  std::shared_ptr<std::function<void()>> fn_;
+  std::weak_ptr<OutputListener> listener_;
+  uint64_t forward_id_;
 };
 
 } // namespace
 
-size_t hook_output_nodes(const std::vector<at::Tensor>& outputs, std::function<void()> fn) {
-  auto shared = std::make_shared<std::function<void()>>(std::move(fn));
+size_t hook_output_nodes(const std::vector<at::Tensor>& outputs,
+                         const std::weak_ptr<OutputListener>& listener, uint64_t forward_id) {
   size_t added = 0;
   for (const at::Tensor& out : outputs) {
     const auto& node = out.grad_fn();
     if (!node) continue;
-    node->add_pre_hook(std::make_unique<CallbackPreHook>(shared));
+    node->add_pre_hook(std::make_unique<OutputPreHook>(listener, forward_id));
     ++added;
   }
   return added;

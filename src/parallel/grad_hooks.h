@@ -55,9 +55,18 @@ class GradHooks {
   std::vector<uintptr_t> keys_;
 };
 
-/// Calls fn() from a pre-hook on the grad_fn of each of `outputs` that has one, i.e.
-/// when backward first reaches them. Returns how many hooks were added.
-size_t hook_output_nodes(const std::vector<at::Tensor>& outputs, std::function<void()> fn);
+/// Told when backward reaches an output of a forward.
+class OutputListener {
+ public:
+  virtual ~OutputListener() = default;
+  virtual void on_output_grad(uint64_t forward_id) = 0;
+};
+
+/// Calls listener->on_output_grad(forward_id) from a pre-hook on the grad_fn of each of
+/// `outputs` that has one, i.e. when backward first reaches them (a listener that no
+/// longer exists is skipped). Returns how many hooks were added.
+size_t hook_output_nodes(const std::vector<at::Tensor>& outputs,
+                         const std::weak_ptr<OutputListener>& listener, uint64_t forward_id);
 
 } // namespace detail
 } // namespace ddp

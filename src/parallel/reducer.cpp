@@ -21,9 +21,11 @@ std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params,
                                                std::move(pg), options, std::move(trace)));
   // The hooks need a weak_ptr to the reducer, which exists only now.
   std::weak_ptr<Reducer> weak = reducer;
-  reducer->hooks_ = std::make_unique<GradHooks>(reducer->params_, [weak](size_t i) {
-    if (auto self = weak.lock()) self->on_grad_ready(i);
-  });
+  reducer->self_ = weak;
+  // A plain pointer: ~Reducer removes the hooks before anything else goes.
+  Reducer* self = reducer.get();
+  reducer->hooks_ = std::make_unique<GradHooks>(
+      reducer->params_, [self](size_t i) { self->on_grad_ready(i); });
   return reducer;
 }
 
@@ -33,19 +35,20 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     : params_(std::move(params)),
       names_(std::move(names)),
       pg_(std::move(pg)),
+      world_size_(pg_->size()),
       options_(options),
       trace_(std::move(trace)),
       comm_hook_(comm_hooks::allreduce_hook()) {
   for (const auto& p : params_) specs_.push_back(ParamSpec{p.numel(), p.scalar_type(), p.device()});
-  inverse_world_ = at::scalar_tensor(1.0 / pg_->size(), at::kDouble);
+  inverse_world_ = at::scalar_tensor(1.0 / world_size_, at::kDouble);
   reset_iteration();
   // See Note [Bucket order]: PyTorch's initial buckets until the real order is known.
   install_buckets(initial_buckets(specs_, rebuilds_buckets(options_),
                                   options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
 }
 
-// Hooks are removed by ~GradHooks; a callback still queued holds only a weak_ptr.
-Reducer::~Reducer() = default;
+// The gradient hooks go first, so none can reach a half-destroyed reducer.
+Reducer::~Reducer() { hooks_.reset(); }
 
 void Reducer::install_buckets(const BucketAssignment& assignment) {
   assignment_ = assignment;
@@ -82,18 +85,24 @@ bool Reducer::records_ready_order() const {
   return !rebuilt_ && num_reduced_ == 0 && rebuilds_buckets(options_);
 }
 
-void Reducer::before_forward() {
+bool Reducer::before_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable();
   check_parameters_unchanged();
-  if (at::GradMode::is_enabled()) maybe_rebuild_buckets();
+  if (!at::GradMode::is_enabled()) return false;
+  maybe_rebuild_buckets();
+  return no_sync_depth_ == 0 &&
+         ((options_.find_unused_parameters && !options_.static_graph) ||
+          static_first_iteration());
 }
 
 void Reducer::check_parameters_unchanged() const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
-    if (C10_UNLIKELY(!hooks_->hooked(p, i) || p.numel() != specs_[i].numel ||
-                     p.scalar_type() != specs_[i].dtype || p.device() != specs_[i].device)) {
+    // A new dtype or device is what gives a parameter a new gradient accumulator
+    // (set_data), so comparing them catches that without touching the accumulator.
+    if (C10_UNLIKELY(p.numel() != specs_[i].numel || p.scalar_type() != specs_[i].dtype ||
+                     p.device() != specs_[i].device)) {
       fail_parameter_changed(i);
     }
   }
@@ -151,22 +160,18 @@ void Reducer::after_forward(const std::vector<at::Tensor>& outputs,
     const auto reached = reached_accumulators(outputs, hooks_->accumulators());
     for (size_t i = 0; i < params_.size(); ++i) iter_.unused[i] = !reached[i];
   }
-  // See Note [End-of-backward callback].
-  std::weak_ptr<Reducer> weak = shared_from_this();
-  const uint64_t id = iter_.forward_id;
-  hook_output_nodes(outputs, [weak, id] {
-    if (auto self = weak.lock()) self->on_output_grad(id);
-  });
+  // See Note [End-of-backward callback]: only the first static_graph iteration needs
+  // the end of the outermost backward.
+  if (static_first_iteration()) hook_output_nodes(outputs, self_, iter_.forward_id);
 }
 
 // ---- backward side ------------------------------------------------------------------
 
 void Reducer::queue_finalize() {
   iter_.callback_queued = true;
-  std::weak_ptr<Reducer> weak = shared_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-    if (auto self = weak.lock()) self->finalize_backward();
-  });
+  // See Note [End-of-backward callback] for why a plain pointer is safe here.
+  torch::autograd::Engine::get_default_engine().queue_callback(
+      [self = this] { self->finalize_backward(); });
 }
 
 void Reducer::on_output_grad(uint64_t forward_id) {
@@ -179,6 +184,15 @@ void Reducer::on_output_grad(uint64_t forward_id) {
 
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    grad_ready(index);
+  } catch (...) {
+    iter_.raised = true;  // reported at the next forward too
+    throw;
+  }
+}
+
+void Reducer::grad_ready(size_t index) {
   // Only a defined gradient counts as use: a hook may fire with none (an output that
   // did not contribute), and a parameter no rank used keeps its .grad() untouched.
   if (params_[index].grad().defined()) iter_.locally_used[index] = true;
@@ -211,12 +225,25 @@ void Reducer::on_grad_ready(size_t index) {
   if (iter_.ready[index]) fail_ready_twice(index);
   if (records_ready_order()) ready_order_.push_back(index);
   mark_ready(index);
+  if (iter_.num_ready == params_.size()) all_ready();
+}
+
+void Reducer::all_ready() {
+  // See Note [End-of-backward callback]. With nothing to wait for or write back, the
+  // iteration ends right here.
+  if (local()) {
+    finalize_locked();
+  } else if (!iter_.callback_queued) {
+    queue_finalize();
+  }
 }
 
 void Reducer::begin_backward() {
   iter_.phase = Phase::kReducing;
-  if (!iter_.callback_queued) queue_finalize();  // no output pre-hook ran
-  if (static_first_iteration()) return;
+  if (static_first_iteration()) {
+    if (!iter_.callback_queued) queue_finalize();  // no output pre-hook ran
+    return;
+  }
   // Unused parameters contribute zeros (or what they accumulated under no_sync). They
   // are marked now, not in forward, so nothing is launched before backward starts.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -246,7 +273,7 @@ void Reducer::mark_ready(size_t index) {
       const bool in_bucket = options_.gradient_as_bucket_view && grad.is_alias_of(view);
       if (in_bucket) {
         // Accumulated straight into the bucket by the engine.
-        if (prescaled()) view.div_(pg_->size());
+        if (prescaled()) view.div_(world_size_);
       } else {
         if (prescaled()) {
           at::mul_out(view, grad, inverse_world_);
@@ -261,6 +288,7 @@ void Reducer::mark_ready(size_t index) {
     }
   }
   iter_.ready[index] = true;
+  ++iter_.num_ready;
   TORCH_INTERNAL_ASSERT(bucket.pending > 0, "bucket ", slot.bucket, " over-counted");
   if (--bucket.pending > 0) return;
   // See Note [Bucket order]: launch strictly in order.

@@ -30,12 +30,22 @@
 // The autograd engine runs callbacks queued with Engine::queue_callback when the graph
 // task that is current at queueing time ends. With reentrant backward (activation
 // checkpointing whose backward calls backward), accumulator hooks also fire inside
-// nested graph tasks, which end long before the outer one. So the callback is queued
-// from a pre-hook on the grad_fn of each output of the synced forward: that node runs
-// first, in the outermost backward, before any gradient of the model. Only when no
-// output has a grad_fn (or backward does not start from the outputs) is it queued by
-// the first gradient hook instead. The callback holds a weak_ptr, so a reducer
-// destroyed meanwhile turns it into a no-op.
+// nested graph tasks, which end long before the outer one, so a callback queued by the
+// first gradient could run before the others exist. As in PyTorch, it is therefore
+// queued when the *last* parameter becomes ready (after its last expected arrival with
+// static_graph): every gradient exists by then, whichever graph task ends first. With
+// nothing to wait for or write back (world size 1, default hook) the iteration ends in
+// that hook instead, without a callback. The first static_graph iteration counts
+// arrivals and cannot know the last one, so it queues the callback from a pre-hook on
+// the grad_fn of each output of the synced forward: that node runs first, in the
+// outermost backward (PyTorch uses an identity node on the outputs to the same end).
+// Only when no output has a grad_fn is it queued by the first gradient hook instead.
+// A backward that leaves parameters without gradient never queues the callback; the
+// next forward finds the reducer still reducing and names them, and no rank waits for
+// buckets that a peer missing other parameters never launches. An output's pre-hook
+// holds a weak_ptr, so a retained graph backwarded after the reducer is gone does
+// nothing. The callback holds a plain pointer: the engine runs it before the backward
+// that queued it returns, and the reducer is not destroyed inside its own backward.
 
 #include <ddp/comm_hooks.h>
 #include <ddp/iteration_stats.h>
@@ -72,7 +82,7 @@ inline bool rebuilds_buckets(const ReducerOptions& o) {
   return o.static_graph || !o.find_unused_parameters;
 }
 
-class Reducer : public std::enable_shared_from_this<Reducer> {
+class Reducer final : public OutputListener {
  public:
   /// params: leaves that require grad, each once; names: theirs, for messages.
   static std::shared_ptr<Reducer> create(std::vector<at::Tensor> params,
@@ -88,13 +98,16 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void exit_no_sync();
 
   // ---- forward side ----
-  void before_forward();
+  /// Returns whether after_forward wants the forward's output tensors (to find unused
+  /// parameters, or the end of the first static_graph backward).
+  bool before_forward();
   /// `outputs`: the forward's output tensors; `unknown_output_type`: the name of an
   /// output type DDP cannot search for tensors, or nullptr.
   void after_forward(const std::vector<at::Tensor>& outputs, const char* unknown_output_type);
 
   // ---- backward side ----
   void on_grad_ready(size_t index);
+  void on_output_grad(uint64_t forward_id) override;
   void finalize_backward();
 
   // ---- configuration and queries ----
@@ -115,6 +128,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     std::vector<bool> locally_used;  // a defined gradient arrived (also under no_sync)
     std::vector<int> hook_calls;     // static_graph: gradient arrivals per parameter
     size_t next_bucket = 0;
+    size_t num_ready = 0;
+    bool raised = false;             // a gradient hook of this backward threw
     int64_t forward_end_ns = 0;
     std::vector<size_t> missing;     // kUnfinished: parameters without gradient
   };
@@ -126,10 +141,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // reducer.cpp
   /// World size 1 with the default hook: nothing to exchange, so gradients stay where
   /// the engine put them (no bucket copies); every check still runs.
-  bool local() const { return pg_->size() == 1 && !custom_hook_; }
+  bool local() const { return world_size_ == 1 && !custom_hook_; }
   void check_parameters_unchanged() const;
+  void grad_ready(size_t index);
+  void all_ready();
+  void finalize_locked();
   void queue_finalize();
-  void on_output_grad(uint64_t forward_id);
   void begin_backward();
   void mark_ready(size_t index);
   void launch(size_t bucket);
@@ -162,9 +179,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   [[noreturn]] void fail_unknown_output(const char* type) const;
 
   // Fixed at construction.
+  std::weak_ptr<Reducer> self_;
   const std::vector<at::Tensor> params_;
   const std::vector<std::string> names_;
   const std::shared_ptr<ProcessGroup> pg_;
+  const int world_size_;
   const ReducerOptions options_;
   const std::shared_ptr<TraceWriter> trace_;
   std::vector<ParamSpec> specs_;

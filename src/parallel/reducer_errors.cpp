@@ -75,18 +75,20 @@ void Reducer::fail_unknown_output(const char* type) const {
 }
 
 void Reducer::fail_unfinished() const {
-  if (iter_.phase == Phase::kReducing) {  // the backward itself failed before its end
-    std::vector<size_t> waiting;
+  std::vector<size_t> missing = iter_.missing;
+  if (iter_.phase == Phase::kReducing) {  // the backward ended without every gradient
+    missing.clear();
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!iter_.ready[i]) waiting.push_back(i);
+      if (!iter_.ready[i]) missing.push_back(i);
     }
+  }
+  if (iter_.raised) {  // the backward itself failed before its end
     raise(c10::str(
         "DistributedDataParallel", where(), ": the previous backward did not finish (it "
-        "raised an error, or its end-of-backward callback never ran), so its gradients were "
-        "not averaged; ", waiting.size(), " of ", params_.size(), " parameters were still "
-        "waiting for a gradient: ", quoted_names(waiting), ". Fix the error raised by that "
-        "backward; the gradients of this DDP model are not consistent across ranks any "
-        "more."));
+        "raised an error), so its gradients were not averaged; ", missing.size(), " of ",
+        params_.size(), " parameters were still waiting for a gradient: ",
+        quoted_names(missing), ". Fix the error raised by that backward; the gradients of "
+        "this DDP model are not consistent across ranks any more."));
   }
   std::string hint;
   if (options_.static_graph) {
@@ -104,12 +106,14 @@ void Reducer::fail_unfinished() const {
   }
   raise(c10::str(
       "DistributedDataParallel", where(), ": expected the previous iteration's gradient "
-      "reduction to have finished before this forward, but ", iter_.missing.size(), " of ",
+      "reduction to have finished before this forward, but ", missing.size(), " of ",
       params_.size(), " parameters got no gradient in that backward: ",
-      quoted_names(iter_.missing), ". DDP averages every parameter's gradient in each backward "
+      quoted_names(missing), ". DDP averages every parameter's gradient in each backward "
       "and cannot finish without them (their buckets were not reduced, so gradients now "
       "differ across ranks; if ranks skipped different parameters, buckets that some "
-      "ranks launched can never complete, so recreate the process group).", hint));
+      "ranks launched can never complete, so recreate the process group).", hint,
+      " (If that backward raised an error, fix that first: it stopped before these "
+      "gradients.)"));
 }
 
 void Reducer::fail_backward_without_forward(size_t index) const {

@@ -46,6 +46,10 @@ at::Tensor hook_result(const c10::IValue& value) {
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  finalize_locked();
+}
+
+void Reducer::finalize_locked() {
   iter_.callback_queued = false;
   if (iter_.phase != Phase::kReducing) return;  // no gradient reached this backward
   const int64_t finalize_start_ns = steady_now_ns();
@@ -81,10 +85,12 @@ void Reducer::finalize_backward() {
     return;
   }
 
-  const int64_t wait_start_ns = steady_now_ns();
+  // World size 1 with the default hook has nothing to wait for (and no clock to read).
+  const bool local_only = local();
+  const int64_t wait_start_ns = local_only ? finalize_start_ns : steady_now_ns();
   const std::vector<int> use = global_use();
   wait_for_buckets(stats, &use);
-  const int64_t wait_end_ns = steady_now_ns();
+  const int64_t wait_end_ns = local_only ? wait_start_ns : steady_now_ns();
   stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
   if (static_first_iteration()) static_global_use_ = use;
   ++num_reduced_;
@@ -188,6 +194,8 @@ void Reducer::reset_iteration() {
   it.locally_used.assign(n, false);
   it.hook_calls.assign(n, 0);
   it.next_bucket = 0;
+  it.num_ready = 0;
+  it.raised = false;
   it.missing.clear();
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.params.size();

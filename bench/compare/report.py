@@ -236,9 +236,10 @@ def markdown(data, summary=None):
             "next to no work (`tiny`: one Linear 16-10, 4 samples), in the same way (DDP and "
             "plain loops in one process, alternating blocks of 100 iterations, 2000 each): "
             "the difference of the two loops' median iteration times. Divided by each "
-            "model's plain iteration time, it bounds the overhead for ddp-cpp, whose cost at "
-            "world size 1 does not grow with the model (it registers no gradient hooks and "
-            "copies nothing there). PyTorch's DDP still runs its reducer at world size 1 "
+            "model's plain iteration time, it is nearly all of ddp-cpp's overhead at world "
+            "size 1: there it runs its gradient hooks and checks but copies nothing, so its "
+            "cost grows only by one hook call per parameter tensor, not with the gradients' "
+            "size. PyTorch's DDP still runs its reducer at world size 1 "
             "(bucket copies, a one-rank all-reduce), so its overhead grows with the "
             "gradients' size and the fixed cost is only its lower part.")
         add("")

@@ -95,6 +95,10 @@ void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup&)>&
   TempDir dir;
   run_threads(world, [&](int rank) {
     auto pg = ddp::ProcessGroup::create(file_init(dir, rank, world, timeout));
+    // Every rank has finished connecting before any body runs: a body that ends at once
+    // (an error before any collective) would otherwise release its group while a peer
+    // is still connecting to it.
+    pg->barrier();
     fn(*pg);
   });
 }

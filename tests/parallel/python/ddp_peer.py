@@ -72,6 +72,9 @@ def worker(rank, d, mode, world, per_rank, steps):
             F.mse_loss(ddp(xs), ys).backward()
         opt.step()
     flat(model).numpy().tofile(os.path.join(d, "py.rank%d.bin" % rank))
+    # Every rank is done before any releases its group: PyTorch 2.x's Gloo can abort a
+    # process whose peer tears down its connections while it still has work queued.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -201,8 +201,6 @@ void Reducer::grad_ready(size_t index) {
       return;  // no_sync: the gradient stays where the engine put it
     case Phase::kIdle:
       fail_backward_without_forward(index);
-    case Phase::kUnfinished:
-      fail_unfinished();
     case Phase::kFailed:
       fail_failed();
     case Phase::kArmed:

@@ -12,16 +12,17 @@
 //   finalize_backward()          from the engine, once, when the outermost backward ends
 //
 // Note [Iteration phases]
-//   kIdle --synced forward--> kArmed --first gradient--> kReducing --end of backward--> kIdle
-//     |                         |  ^                          |
-//     |                         |  +-- forward under no_sync  +--(gradients missing)--> kUnfinished
+//   kIdle --synced forward--> kArmed --first gradient--> kReducing --last gradient,
+//     |                         |  ^                          |      end of backward--> kIdle
+//     |                         |  +-- forward under no_sync  +--(gradients missing: stays)
 //     +--forward under no_sync--+--> kLocal (hooks only record use; gradients stay local)
 //   any phase --a bucket's reduction failed--> kFailed (for good: the group is broken)
 // A forward under no_sync() after a synced one leaves the reducer armed: one backward
 // through both outputs is reduced, as in PyTorch (the synced forward asked for it). A
-// gradient arriving in kIdle is a backward without its forward; any forward in
-// kUnfinished (or in kReducing, after a backward that threw) reports the parameters
-// that got no gradient; any use in kFailed reports the failure. Errors are raised where
+// gradient arriving in kIdle is a backward without its forward; a forward that finds
+// the reducer still in kReducing (a backward that left parameters without gradient, or
+// that threw) names the parameters that got none; any use in kFailed reports the
+// failure. Errors are raised where
 // the user can act on them and never by waiting: no phase waits for a peer except for
 // collectives every rank issues alike.
 //
@@ -116,7 +117,7 @@ class Reducer final : public OutputListener {
   IterationStats last_stats() const;
 
  private:
-  enum class Phase { kIdle, kArmed, kLocal, kReducing, kUnfinished, kFailed };
+  enum class Phase { kIdle, kArmed, kLocal, kReducing, kFailed };
 
   /// Everything that lives for one iteration, reset as one (reset_iteration).
   struct Iteration {
@@ -131,7 +132,6 @@ class Reducer final : public OutputListener {
     size_t num_ready = 0;
     bool raised = false;             // a gradient hook of this backward threw
     int64_t forward_end_ns = 0;
-    std::vector<size_t> missing;     // kUnfinished: parameters without gradient
   };
 
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,

@@ -33,7 +33,6 @@ std::string Reducer::quoted_names(const std::vector<size_t>& indices) const {
 
 void Reducer::check_usable() const {
   switch (iter_.phase) {
-    case Phase::kUnfinished:
     case Phase::kReducing:
       fail_unfinished();
     case Phase::kFailed:
@@ -75,12 +74,9 @@ void Reducer::fail_unknown_output(const char* type) const {
 }
 
 void Reducer::fail_unfinished() const {
-  std::vector<size_t> missing = iter_.missing;
-  if (iter_.phase == Phase::kReducing) {  // the backward ended without every gradient
-    missing.clear();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!iter_.ready[i]) missing.push_back(i);
-    }
+  std::vector<size_t> missing;  // the backward ended without these gradients
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!iter_.ready[i]) missing.push_back(i);
   }
   if (iter_.raised) {  // the backward itself failed before its end
     raise(c10::str(

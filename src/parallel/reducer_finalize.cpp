@@ -72,16 +72,12 @@ void Reducer::finalize_locked() {
     }
   }
 
-  iter_.missing.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!iter_.ready[i]) iter_.missing.push_back(i);
-  }
-  if (!iter_.missing.empty()) {
-    // Report at the next forward (Note [Iteration phases]). The buckets already
-    // launched are not waited for: a rank that missed other gradients never launches
-    // them, and waiting would block until the timeout. Their futures stay referenced
-    // (kUnfinished is final), so their buffers outlive the collectives.
-    iter_.phase = Phase::kUnfinished;
+  if (iter_.num_ready != params_.size()) {
+    // Gradients are missing: the next forward reports them (Note [Iteration phases]).
+    // The buckets already launched are not waited for: a rank that missed other
+    // gradients never launches them, and waiting would block until the timeout. Their
+    // futures stay referenced (the reducer stays in kReducing), so their buffers
+    // outlive the collectives.
     return;
   }
 
@@ -196,7 +192,6 @@ void Reducer::reset_iteration() {
   it.next_bucket = 0;
   it.num_ready = 0;
   it.raised = false;
-  it.missing.clear();
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.future.reset();

@@ -101,3 +101,20 @@ endif()
 
 find_package(ZLIB)
 find_package(Threads REQUIRED)
+
+# As a part of another project, the targets imported above (torch_cpu, torch_cuda, CUDA's,
+# ...) would be visible in this directory only, yet every user of ddp::ddp links them:
+# make them global.
+if(NOT DDP_TOP_LEVEL)
+  if(CMAKE_VERSION VERSION_LESS 3.21)
+    message(FATAL_ERROR "ddp: building ddp-cpp as a subproject needs CMake 3.21 or newer "
+                        "(this is ${CMAKE_VERSION}); or install it and use find_package(ddp).")
+  endif()
+  get_directory_property(_ddp_imported IMPORTED_TARGETS)
+  foreach(_t IN LISTS _ddp_imported)
+    get_target_property(_ddp_global ${_t} IMPORTED_GLOBAL)
+    if(NOT _ddp_global)
+      set_target_properties(${_t} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()

@@ -318,11 +318,12 @@ int main(int argc, char** argv) {
     // Step 10: destroy_process_group. (The guard would do it at scope exit anyway.)
     ddp::destroy_process_group();
     return 0;
-  } catch (const c10::Error& e) {  // from LibTorch or ddp: the message without a backtrace
+  } catch (const c10::Error& e) {  // a caller mistake (LibTorch's or ddp's TORCH_CHECK):
+                                   // the message without its backtrace
     std::fflush(stdout);
     std::cerr << "fashion_mnist: error: " << e.what_without_backtrace() << std::endl;
     return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // ddp::TimeoutError, ProcessGroupError, ...
     std::fflush(stdout);
     std::cerr << "fashion_mnist: error: " << e.what() << std::endl;
     return 1;

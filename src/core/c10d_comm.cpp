@@ -58,10 +58,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool looks_like_timeout(const std::string& text) {
-  const std::string t = lower(text);
-  return t.find("timed out") != std::string::npos || t.find("timeout") != std::string::npos;
-}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -440,13 +436,25 @@ bool cuda_available() {
 #endif
 }
 
+CommFailure classify_comm_failure(const std::string& cause) {
+  const std::string t = lower(cause);
+  const bool timeout =
+      t.find("timed out") != std::string::npos || t.find("timeout") != std::string::npos;
+  return timeout ? CommFailure::kTimeout : CommFailure::kBroken;
+}
+
+void throw_comm_failure(CommFailure kind, const std::string& message) {
+  if (kind == CommFailure::kTimeout) throw TimeoutError(message);
+  throw ProcessGroupError(message);
+}
+
 void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                         const std::string& what) {
   const std::string text = e.what();
   if (dynamic_cast<const TimeoutError*>(&e) || dynamic_cast<const ProcessGroupError*>(&e)) {
     throw;  // already ours
   }
-  if (looks_like_timeout(text)) {
+  if (classify_comm_failure(text) == CommFailure::kTimeout) {
     throw TimeoutError(what + " on " + where(config) + " timed out after " +
                        std::to_string(config.timeout.count()) +
                        " ms: a peer did not answer. Check that every rank is alive and "
@@ -473,7 +481,8 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
           c.master_addr + ": the port is already in use. Choose a free MASTER_PORT (or "
           "let ddprun pick one with --master-port 0). Cause: " + text);
     }
-    if (looks_like_timeout(text) || t.find("connect") != std::string::npos) {
+    if (classify_comm_failure(text) == CommFailure::kTimeout ||
+        t.find("connect") != std::string::npos) {
       throw TimeoutError("rank " + std::to_string(c.rank) + " could not reach the master at " +
                          c.master_addr + ":" + std::to_string(c.master_port) + " within " +
                          std::to_string(c.timeout.count()) +
@@ -490,7 +499,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
     if (c.backend == "nccl") return make_nccl(c, store);
 #endif
   } catch (const std::exception& e) {
-    if (looks_like_timeout(e.what())) {
+    if (classify_comm_failure(e.what()) == CommFailure::kTimeout) {
       throw TimeoutError("rank " + std::to_string(c.rank) + " of " +
                          std::to_string(c.world_size) + " waited " +
                          std::to_string(c.timeout.count()) + " ms at " +

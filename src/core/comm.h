@@ -118,8 +118,18 @@ void check_nccl_runtime(int rank);
 /// "compiled 2.30.7, loaded 2.30.7", for messages and tests.
 std::string nccl_versions();
 
-/// Turns a c10d exception into ddp's: TimeoutError when the text says it timed out,
-/// ProcessGroupError otherwise. `what` names the operation, for the message.
+/// Note [Classifying c10d failures]
+/// c10d reports every failure as a c10::Error (or a future's error text); only the text
+/// says whether a peer did not answer in time. This is the one place that reads it:
+/// kTimeout becomes ddp::TimeoutError, kBroken ddp::ProcessGroupError.
+enum class CommFailure { kTimeout, kBroken };
+CommFailure classify_comm_failure(const std::string& cause);
+
+/// Throws TimeoutError for kTimeout, else ProcessGroupError, with `message`.
+[[noreturn]] void throw_comm_failure(CommFailure kind, const std::string& message);
+
+/// Turns a c10d exception into ddp's (classify_comm_failure), naming `what` and the
+/// rank. ddp's own exceptions pass through unchanged.
 [[noreturn]] void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                                      const std::string& what);
 

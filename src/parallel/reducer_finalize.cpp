@@ -11,7 +11,6 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <cctype>
 
 namespace ddp {
 namespace detail {
@@ -19,13 +18,6 @@ namespace {
 
 double ms_between(int64_t start_ns, int64_t end_ns) {
   return static_cast<double>(end_ns - start_ns) / 1e6;
-}
-
-bool mentions_timeout(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text.find("timed out") != std::string::npos ||
-         text.find("timeout") != std::string::npos;
 }
 
 // The hook's result: a Tensor, or a list whose first element is one.
@@ -136,11 +128,12 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
       // Every later use of this model reports this (fail_failed): the group is broken.
       iter_.phase = Phase::kFailed;
       failure_ = text;
-      if (mentions_timeout(cause)) {
-        throw TimeoutError(text + ". A peer did not take part in time: check that every "
-                           "rank runs the same number of forward/backward iterations.");
-      }
-      throw ProcessGroupError(text + ". The process group is broken; recreate it.");
+      const CommFailure kind = classify_comm_failure(cause);
+      throw_comm_failure(kind, kind == CommFailure::kTimeout
+                                   ? text + ". A peer did not take part in time: check "
+                                            "that every rank runs the same number of "
+                                            "forward/backward iterations."
+                                   : text + ". The process group is broken; recreate it.");
     }
     at::Tensor result = hook_result(bucket.future->value());
     TORCH_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),

@@ -1,1 +1,0 @@
-// Placeholder translation unit for a library component that has no sources yet.

@@ -138,13 +138,25 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
   o.env["DDP_PEER_MODE"] = GetParam();
   ddp_test::expect_all_ok(ddp_test::run_processes(kWorld, "ddp_python_peer", o));
 
+  // The reference is PyTorch's own DDP in 3 processes. On a loaded 2-core machine,
+  // PyTorch 2.x's Gloo has been seen to abort one of them ("terminate called without an
+  // active exception", SIGABRT) outside any Python code; such a run says nothing about
+  // either side, so it is repeated once. Any other failure counts at once.
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-          "/tests/parallel/python/ddp_peer.py " + dir.path() + " " + GetParam() + " " +
-          std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
-          std::to_string(kSteps) + " 2>&1",
-      &output);
+  int rc = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    output.clear();
+    std::remove(dir.file("pystore").c_str());  // the peer's FileStore starts empty
+    rc = ddp_test::run_command(
+        std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+            "/tests/parallel/python/ddp_peer.py " + dir.path() + " " + GetParam() + " " +
+            std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
+            std::to_string(kSteps) + " 2>&1",
+        &output);
+    if (rc == 0 || output.find("terminated with signal SIGABRT") == std::string::npos) break;
+    std::printf("PyTorch's peer aborted (attempt %d); running it again:\n%s\n", attempt + 1,
+                output.c_str());
+  }
   ASSERT_EQ(rc, 0) << output;
 
   const int64_t n = init.numel();

@@ -385,7 +385,10 @@ TEST(ProcessGroupTest, PortInUseIsAnError) {
     } catch (...) {
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Wait (on the condition, not a guess) until the first server listens.
+  EXPECT_TRUE(ddp_test::wait_for([&] { return ddp_test::port_is_listening(port); },
+                                 std::chrono::seconds(10)))
+      << "the first rank 0 never listened on port " << port;
   const std::string msg = error_of([&] {
     ddp::ProcessGroup::create(ddp::InitOptions().init_method(method).rank(0).world_size(2).timeout(
         std::chrono::seconds(4)));

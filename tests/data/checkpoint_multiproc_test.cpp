@@ -140,12 +140,20 @@ DDP_SCENARIO(ckpt_train) {
 
 // Saves checkpoints to DDP_CKPT_PATH in a loop, every parameter filled with the step, and
 // after a few saves kills itself (SIGKILL from another thread) at a random moment,
-// DDP_CKPT_DELAY_US microseconds at most, into a later save.
+// DDP_CKPT_DELAY_US microseconds at most, into a later save (seeded by DDP_CKPT_SEED, or
+// at random and printed).
 DDP_SCENARIO(ckpt_save_loop) {
   torch::set_num_threads(1);
   const std::string path = env_or("DDP_CKPT_PATH", "");
   torch::nn::Linear big(2048, 1024);  // 8 MiB of weights: a save takes a while
-  std::mt19937 rng(std::random_device{}());
+  // The kill moment is random; the seed is printed so that a failure can be replayed
+  // with DDP_CKPT_SEED.
+  const std::string seed_text = env_or("DDP_CKPT_SEED", "");
+  const unsigned seed = seed_text.empty() ? std::random_device{}()
+                                          : static_cast<unsigned>(std::stoul(seed_text));
+  std::fprintf(stderr, "ckpt_save_loop: fault injection seed %u (replay: DDP_CKPT_SEED=%u)\n",
+               seed, seed);
+  std::mt19937 rng(seed);
   const int max_delay_us = std::stoi(env_or("DDP_CKPT_DELAY_US", "50000"));
   for (int64_t step = 1;; ++step) {
     {
@@ -276,6 +284,7 @@ TEST(CheckpointMultiProcTest, KillDuringSaveLeavesOldOrNewCheckpoint) {
     o.timeout = std::chrono::seconds(60);
     const auto results = run_processes(1, "ckpt_save_loop", o);
     ASSERT_EQ(results[0].exit_code, 128 + SIGKILL) << results[0].output;
+    SCOPED_TRACE(results[0].output);  // holds the fault injection's seed
 
     torch::nn::Linear big(2048, 1024);
     ddp::Checkpoint ckpt(*big);

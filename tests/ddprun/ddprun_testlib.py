@@ -3,6 +3,7 @@
 Each test script is run as: python3 test_x.py /path/to/ddprun [unittest args]
 """
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -91,6 +92,23 @@ def pid_alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def read_until(p, text, timeout):
+    """Reads the running ddprun `p`'s stderr until it contains `text` (or EOF, or
+    `timeout` seconds); returns what was read, which communicate() will not return."""
+    got = b""
+    fd = p.stderr.fileno()
+    deadline = time.monotonic() + timeout
+    while text.encode() not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode(errors="replace")
 
 
 def wait_for(predicate, timeout, step=0.05):

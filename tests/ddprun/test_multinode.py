@@ -80,8 +80,8 @@ class MultiNodeTest(T.DdprunTestCase):
         sleeper = ["sleep", "1000"]
         n0 = self.node(0, sleeper)
         n1 = self.node(1, sleeper)
+        # Node 1's workers run only after node 0's "go": the link is up.
         self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
-        time.sleep(0.5)
         n1.send_signal(signal.SIGINT)
         rc1, _, err1 = self.finish(n1)
         rc0, _, err0 = self.finish(n0)
@@ -95,7 +95,6 @@ class MultiNodeTest(T.DdprunTestCase):
         n0 = self.node(0, sleeper)
         n1 = self.node(1, sleeper)
         self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
-        time.sleep(0.5)
         n1.kill()  # SIGKILL: no goodbye; its workers die with it (PR_SET_PDEATHSIG)
         self.finish(n1)
         rc0, _, err0 = self.finish(n0)

@@ -60,11 +60,15 @@ class SignalTest(T.DdprunTestCase):
         # long before the 60 s grace period.
         p = self.start_job(2, 60, IGNORE_INT=1)
         p.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        # Wait until ddprun has handled the first SIGINT, so the second is not merged
+        # into it.
+        seen = T.read_until(p, "got SIGINT; passing it to the workers", 30)
+        self.assertIn("got SIGINT; passing it to the workers", seen)
         self.assertIsNone(p.poll(), "ddprun exited although the workers ignore SIGINT")
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
         out, err = self.finish(p, timeout=30)
+        err = seen + err
         self.assertEqual(p.returncode, 130, err)
         self.assertLess(time.monotonic() - t0, 5)
         self.assertIn("got SIGINT again; killing the workers", err)

@@ -11,10 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -35,6 +38,35 @@ TempDir::TempDir() {
 
 TempDir::~TempDir() {
   if (!path_.empty()) run_command("rm -rf '" + path_ + "'");
+}
+
+bool port_is_listening(int port) {
+  // Lines: "sl local_address rem_address st ...", addresses as HEXIP:HEXPORT, st 0A = LISTEN.
+  char wanted[8];
+  std::snprintf(wanted, sizeof(wanted), ":%04X", port);
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "0A" && local.size() >= 5 && local.compare(local.size() - 5, 5, wanted) == 0) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return predicate();
 }
 
 int free_port() {

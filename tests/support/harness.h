@@ -39,6 +39,12 @@ class TempDir {
 /// A TCP port that was free a moment ago (bound to port 0 on loopback, then released).
 int free_port();
 
+/// Whether some socket of this machine listens on TCP `port` (from /proc/net/tcp{,6}).
+bool port_is_listening(int port);
+
+/// Polls `predicate` until it holds or `timeout` passes; returns its last value.
+bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout);
+
 /// InitOptions for rank `rank` of `world` over a FileStore under `dir`.
 ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
                            std::chrono::milliseconds timeout = std::chrono::seconds(30));

@@ -3,7 +3,7 @@
 #include <ddp/errors.h>
 
 #include "core/comm.h"
-#include "core/env.h"
+#include "core/rendezvous.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

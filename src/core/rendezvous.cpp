@@ -15,7 +15,7 @@
 // MASTER_ADDR (or GLOO_SOCKET_IFNAME).
 
 #include "core/comm.h"
-#include "core/env.h"
+#include "core/rendezvous.h"
 
 #include <ddp/errors.h>
 

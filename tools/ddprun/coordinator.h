@@ -1,6 +1,6 @@
 // Who decides, for the whole job, whether to start, restart or stop workers.
 // On one host ddprun decides alone; on several hosts node 0's ddprun decides
-// and the others follow (see agent_link.h).
+// and the others follow (see control_channel.h).
 #pragma once
 
 #include <poll.h>

@@ -3,7 +3,7 @@
 
 #include <iostream>
 
-#include "agent_link.h"
+#include "control_channel.h"
 #include "coordinator.h"
 #include "options.h"
 #include "signals.h"

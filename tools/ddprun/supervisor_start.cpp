@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "options.h"
 #include "supervisor.h"
 #include "sysinfo.h"
 #include "worker_env.h"
@@ -73,7 +74,7 @@ bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std
   if (w.pid < 0) {
     std::cerr << "ddprun: error: cannot start rank " << w.rank << ": " << error << "\n";
     w.reaped = true;
-    w.wait_status = 127 << 8;
+    w.wait_status = kExitNotFound << 8;
     failed_index_ = static_cast<int>(workers_.size());
   }
   workers_.push_back(w);

@@ -1,5 +1,7 @@
 #include "sysinfo.h"
 
+#include "options.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -107,12 +109,12 @@ std::string find_program(const std::string& program, std::string& why, int& exit
   int err = ENOENT;
   if (program.empty()) {
     why = "the program name is empty";
-    exit_code = 127;
+    exit_code = kExitNotFound;
     return "";
   }
   if (program.find('/') != std::string::npos) {
     if (is_runnable(program, err)) return program;
-    exit_code = err == ENOENT || err == ENOTDIR ? 127 : 126;
+    exit_code = err == ENOENT || err == ENOTDIR ? kExitNotFound : kExitNotExecutable;
     why = "'" + program + "': " + std::strerror(err);
     return "";
   }
@@ -131,10 +133,10 @@ std::string find_program(const std::string& program, std::string& why, int& exit
     }
   }
   if (denied) {
-    exit_code = 126;
+    exit_code = kExitNotExecutable;
     why = "'" + denied_path + "' is not executable (permission denied)";
   } else {
-    exit_code = 127;
+    exit_code = kExitNotFound;
     why = "'" + program + "' was not found in PATH (" + path + ")";
   }
   return "";

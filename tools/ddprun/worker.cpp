@@ -1,5 +1,7 @@
 #include "worker.h"
 
+#include "options.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -21,7 +23,7 @@ namespace {
   char buf[512];
   int n = snprintf(buf, sizeof(buf), "ddprun: worker setup failed: %s: %s\n", what, strerror(err));
   if (n > 0) (void)!write(STDERR_FILENO, buf, static_cast<size_t>(n));
-  _exit(127);
+  _exit(kExitNotFound);
 }
 
 }  // namespace

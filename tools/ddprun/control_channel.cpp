@@ -1,4 +1,4 @@
-#include "agent_link.h"
+#include "control_channel.h"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "agent_link.h"
+#include "control_channel.h"
 #include "signals.h"
 #include "sysinfo.h"
 

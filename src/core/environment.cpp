@@ -1,7 +1,7 @@
 // Reading who we are from launcher variables: torchrun's first, then Slurm's, then
 // Open MPI's. Every malformed value is an error that names the variable.
 
-#include "core/env.h"
+#include "core/rendezvous.h"
 
 #include <c10/util/Exception.h>
 

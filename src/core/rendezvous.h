@@ -1,5 +1,8 @@
 #pragma once
 
+// Rendezvous: how this process finds its peers. The environment variables it reads
+// (environment.cpp), and the plan made from them and InitOptions (rendezvous.cpp).
+
 #include <ddp/process_group.h>
 
 #include <optional>

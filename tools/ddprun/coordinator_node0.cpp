@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "agent_link.h"
+#include "control_channel.h"
 #include "sysinfo.h"
 
 namespace ddprun {

@@ -38,6 +38,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,10 +80,13 @@ struct Checkpoint {
   /// nullptr: none.
   Checkpoint& sampler(DistributedSampler* sampler) { sampler_ = sampler; return *this; }
   DistributedSampler* sampler() const { return sampler_; }
-  /// The group to synchronise with; nullptr: the default group if initialised, else
-  /// this process alone.
-  Checkpoint& process_group(ProcessGroup* group) { process_group_ = group; return *this; }
-  ProcessGroup* process_group() const { return process_group_; }
+  /// The group to synchronise with (as DistributedDataParallelOptions::process_group);
+  /// nullptr: the default group if initialised, else this process alone.
+  Checkpoint& process_group(std::shared_ptr<ProcessGroup> group) {
+    process_group_ = std::move(group);
+    return *this;
+  }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
 
   /// The epoch in progress.
   TORCH_ARG(int64_t, epoch) = 0;
@@ -99,7 +103,7 @@ struct Checkpoint {
   torch::nn::Module* model_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
   DistributedSampler* sampler_ = nullptr;
-  ProcessGroup* process_group_ = nullptr;
+  std::shared_ptr<ProcessGroup> process_group_;
 };
 
 /// Saves `checkpoint` to `path`. Collective: every rank of the group calls it. Rank 0

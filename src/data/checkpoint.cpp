@@ -155,11 +155,11 @@ std::vector<std::string> CheckpointGroup::all_gather(const std::string& bytes) c
 CheckpointGroup checkpoint_group(const Checkpoint& checkpoint) {
   CheckpointGroup g;
   if (checkpoint.process_group() != nullptr) {
-    g.group = checkpoint.process_group();
+    g.owned = checkpoint.process_group();
   } else if (is_initialized()) {
     g.owned = default_group();
-    g.group = g.owned.get();
   }
+  g.group = g.owned.get();
   if (g.group != nullptr) {
     g.rank = g.group->rank();
     g.size = g.group->size();

@@ -13,7 +13,7 @@ namespace detail {
 /// The group a checkpoint call synchronises with: Checkpoint::process_group, else the
 /// default group, else this process alone.
 struct CheckpointGroup {
-  std::shared_ptr<ProcessGroup> owned;  // keeps the default group alive during the call
+  std::shared_ptr<ProcessGroup> owned;  // keeps the group alive during the call
   ProcessGroup* group = nullptr;
   int rank = 0;
   int size = 1;

@@ -186,13 +186,13 @@ TEST(CheckpointTest, EveryRankCanReadTheFileAsSoonAsSaveReturns) {
         30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
     sampler.next(static_cast<size_t>(pg.rank() + 1));  // a different position per rank
     ddp::save_checkpoint(out.file("c.pt"),
-                         Checkpoint(*net).sampler(&sampler).process_group(&pg).step(7));
+                         Checkpoint(*net).sampler(&sampler).process_group(ddp_test::borrow(pg)).step(7));
     // No barrier here: save_checkpoint returned, so the file is complete.
     ddp::DistributedSampler fresh(
         30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
     Net other = make_net(2);
     Checkpoint ck(*other);
-    ck.sampler(&fresh).process_group(&pg);
+    ck.sampler(&fresh).process_group(ddp_test::borrow(pg));
     ddp::load_checkpoint(out.file("c.pt"), ck);
     EXPECT_EQ(ck.step(), 7);
     EXPECT_EQ(fresh.position(), static_cast<size_t>(pg.rank() + 1)) << "rank " << pg.rank();
@@ -205,7 +205,7 @@ TEST(CheckpointTest, RankZeroFailureFailsEveryRank) {
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     Net net = make_net(1);
     errors[pg.rank()] = error_of([&] {
-      ddp::save_checkpoint(out.file("missing/dir/c.pt"), Checkpoint(*net).process_group(&pg));
+      ddp::save_checkpoint(out.file("missing/dir/c.pt"), Checkpoint(*net).process_group(ddp_test::borrow(pg)));
     });
   });
   for (int r = 0; r < 2; ++r) {

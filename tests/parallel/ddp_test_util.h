@@ -28,11 +28,6 @@
 
 namespace ddp_test {
 
-/// A non-owning shared_ptr for run_thread_groups' ProcessGroup&.
-inline std::shared_ptr<ddp::ProcessGroup> borrow(ddp::ProcessGroup& pg) {
-  return std::shared_ptr<ddp::ProcessGroup>(&pg, [](ddp::ProcessGroup*) {});
-}
-
 inline ddp::DistributedDataParallelOptions options_for(ddp::ProcessGroup& pg) {
   return ddp::DistributedDataParallelOptions().process_group(borrow(pg));
 }

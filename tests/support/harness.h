@@ -17,6 +17,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,12 @@ bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds 
 /// InitOptions for rank `rank` of `world` over a FileStore under `dir`.
 ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+/// A non-owning shared_ptr for run_thread_groups' ProcessGroup&, for the APIs that take
+/// a std::shared_ptr<ProcessGroup>.
+inline std::shared_ptr<ddp::ProcessGroup> borrow(ddp::ProcessGroup& pg) {
+  return std::shared_ptr<ddp::ProcessGroup>(&pg, [](ddp::ProcessGroup*) {});
+}
 
 /// Runs fn(rank) on `world` threads; rethrows the first failure, prefixed by its rank.
 void run_threads(int world, const std::function<void(int rank)>& fn);

@@ -92,9 +92,7 @@ TEST(CommHookTest, ExplicitDefaultHookIsExact) {
   auto y = ddp_test::randn({world * kPerRank, 4}, 64);
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     const int r = pg.rank();
-    ddp_test::Mlp ref;
-    ddp_test::init_params(*ref, 17);
-    auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+    auto want = ddp_test::full_batch_grads(ddp_test::Mlp(), 17, x, y);
     ddp_test::Mlp model;
     ddp_test::init_params(*model, 17);
     auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
@@ -113,9 +111,7 @@ TEST(CommHookTest, UserHookSeesBucketsInOrderAndItsResultIsUsed) {
   auto y = ddp_test::randn({world * kPerRank, 4}, 66);
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     const int r = pg.rank();
-    ddp_test::Mlp ref;
-    ddp_test::init_params(*ref, 18);
-    auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+    auto want = ddp_test::full_batch_grads(ddp_test::Mlp(), 18, x, y);
     ddp_test::Mlp model;
     ddp_test::init_params(*model, 18);
     auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).bucket_cap_mb(0.001));

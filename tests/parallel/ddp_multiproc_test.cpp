@@ -28,9 +28,7 @@ DDP_SCENARIO(ddp_train) {
   auto x = ddp_test::randn({world * kPerRank, 8}, 7);
   auto y = ddp_test::randn({world * kPerRank, 4}, 8);
 
-  ddp_test::Mlp ref;
-  ddp_test::init_params(*ref, 3);
-  auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+  auto want = ddp_test::full_batch_grads(ddp_test::Mlp(), 3, x, y);
 
   ddp_test::Mlp model;
   ddp_test::init_params(*model, 3 + r);  // rank 0's weights must win

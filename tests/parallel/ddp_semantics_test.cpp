@@ -388,9 +388,7 @@ void check_checkpointed(int world, int repeats, bool static_graph) {
   const at::Tensor y = ddp_test::randn({world * kPerRank, 4}, 22);
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     const int r = pg.rank();
-    CheckpointedNet ref(false, repeats);
-    ddp_test::init_params(*ref, 5);
-    const auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+    const auto want = ddp_test::full_batch_grads(CheckpointedNet(false, repeats), 5, x, y);
     CheckpointedNet model(true, repeats);
     ddp_test::init_params(*model, 5);
     auto dmodel = ddp::DistributedDataParallel(
@@ -643,9 +641,7 @@ void check_layouts(int world, bool as_bucket_view) {
   const at::Tensor y = ddp_test::randn({world * 2, 5}, 32);
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     const int r = pg.rank();
-    LayoutNet ref;
-    ddp_test::init_params(*ref, 8);
-    const auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+    const auto want = ddp_test::full_batch_grads(LayoutNet(), 8, x, y);
     LayoutNet model;
     ddp_test::init_params(*model, 8);
     model->relayout();

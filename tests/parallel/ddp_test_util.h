@@ -122,6 +122,17 @@ inline std::vector<at::Tensor> grads_after(torch::nn::Module& m,
   return g;
 }
 
+/// The reference of every DDP gradient test: the gradients, in one process, of the loss
+/// over the whole batch, for a copy of the model (`ref`, initialised here with `seed`).
+/// After one DDP backward of the same loss over its shard, every rank must hold these
+/// (see the top of ddp_gradients_test.cpp for why).
+template <typename Net>
+std::vector<at::Tensor> full_batch_grads(Net ref, uint64_t seed, const at::Tensor& x,
+                                         const at::Tensor& y) {
+  init_params(*ref, seed);
+  return grads_after(*ref, [&] { return mse(ref->forward(x), y); });
+}
+
 inline std::vector<at::Tensor> current_grads(torch::nn::Module& m) {
   std::vector<at::Tensor> g;
   for (auto& p : m.parameters()) g.push_back(p.grad());

@@ -5,8 +5,10 @@
 
 #include <torch/optim/sgd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace {
 
@@ -79,4 +81,61 @@ TEST_P(DdpMultiProcTest, TrainsLikeOneProcessOnTheFullBatch) {
   }
 }
 
+// Ranks that miss different parameters in one iteration (even ranks use only head_a, odd
+// ranks only head_b, one parameter per bucket), as processes: no rank blocks in backward,
+// every rank reports the parameters it missed at its next forward, and releasing the
+// group afterwards does not wait either. The group's timeout is long, so a rank that
+// waited for a collective its peers never launch would show as a slow or killed run.
+struct HeadsImpl : torch::nn::Module {
+  HeadsImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(8, 16))),
+        head_a(register_module("head_a", torch::nn::Linear(16, 4))),
+        head_b(register_module("head_b", torch::nn::Linear(16, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::relu(trunk(x));
+    if (heads == "a") return head_a(h);
+    if (heads == "b") return head_b(h);
+    return head_a(h) + head_b(h);
+  }
+  torch::nn::Linear trunk, head_a, head_b;
+  std::string heads = "ab";
+};
+TORCH_MODULE(Heads);
+
+DDP_SCENARIO(ddp_missing_different_parameters) {
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(120)));
+  const int r = ddp::get_rank();
+  Heads model;
+  auto dmodel = ddp::DistributedDataParallel(
+      model, ddp::DistributedDataParallelOptions().bucket_cap_mb(1e-6));
+  const at::Tensor x = ddp_test::randn({kPerRank, 8}, r);
+  dmodel(x).sum().backward();  // every parameter; then one bucket per parameter
+
+  model->heads = r % 2 == 0 ? "a" : "b";
+  const auto start = std::chrono::steady_clock::now();
+  dmodel(x).sum().backward();
+  const std::string msg = ddp_test::error_of([&] { dmodel(x); });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("rank %d: backward and the next forward took %.2f s: %s\n", r, seconds,
+              msg.c_str());
+  if (seconds > 20) return fail("blocked in backward");
+  const std::string missing = r % 2 == 0 ? "'head_b.weight', 'head_b.bias'"
+                                         : "'head_a.weight', 'head_a.bias'";
+  if (msg.find("2 of 6 parameters got no gradient in that backward: " + missing) ==
+      std::string::npos) {
+    return fail("the next forward did not name the missing parameters");
+  }
+  return 0;  // the guard releases the group
+}
+
+TEST_P(DdpMultiProcTest, RanksMissingDifferentParametersFailFast) {
+  ddp_test::ProcessOptions o;
+  o.timeout = std::chrono::seconds(60);
+  ddp_test::expect_all_ok(
+      ddp_test::run_processes(GetParam(), "ddp_missing_different_parameters", o));
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DdpMultiProcTest, ::testing::Values(2, 3));
+

@@ -103,10 +103,10 @@ Comm& comm_of(const ProcessGroup& pg);
 // Bookkeeping collectives (Note [Device discipline]): `host` is a CPU tensor; it is
 // moved to the group's device, the collective runs and is waited for, and the result
 // comes back as a new CPU tensor. Identity at world size 1.
-at::Tensor all_reduce_host(const ProcessGroup& pg, const at::Tensor& host, ReduceOp op);
-at::Tensor broadcast_host(const ProcessGroup& pg, const at::Tensor& host, int src);
+at::Tensor all_reduce_host(ProcessGroup& pg, const at::Tensor& host, ReduceOp op);
+at::Tensor broadcast_host(ProcessGroup& pg, const at::Tensor& host, int src);
 /// Row r of the result is rank r's `host` (1-D, the same numel on every rank).
-at::Tensor all_gather_host(const ProcessGroup& pg, const at::Tensor& host);
+at::Tensor all_gather_host(ProcessGroup& pg, const at::Tensor& host);
 
 /// Whether this build has the "nccl" backend.
 bool nccl_compiled();

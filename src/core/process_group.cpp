@@ -115,31 +115,22 @@ namespace detail {
 
 Comm& comm_of(const ProcessGroup& pg) { return pg.comm(); }
 
-at::Tensor all_reduce_host(const ProcessGroup& pg, const at::Tensor& host, ReduceOp op) {
-  TORCH_INTERNAL_ASSERT(op != ReduceOp::AVG, "bookkeeping reductions are exact: no AVG");
-  Comm& c = comm_of(pg);
-  std::vector<at::Tensor> tensors{c.to_device(host)};
-  c.all_reduce(tensors, op)->wait();
-  return c.to_host(tensors[0]);
+// Each is the public collective between a move to the group's device and a copy back.
+at::Tensor all_reduce_host(ProcessGroup& pg, const at::Tensor& host, ReduceOp op) {
+  at::Tensor t = comm_of(pg).to_device(host);
+  pg.all_reduce(t, op);
+  return comm_of(pg).to_host(t);
 }
 
-at::Tensor broadcast_host(const ProcessGroup& pg, const at::Tensor& host, int src) {
-  Comm& c = comm_of(pg);
-  std::vector<at::Tensor> tensors{c.to_device(host)};
-  c.broadcast(tensors, src)->wait();
-  return c.to_host(tensors[0]);
+at::Tensor broadcast_host(ProcessGroup& pg, const at::Tensor& host, int src) {
+  at::Tensor t = comm_of(pg).to_device(host);
+  pg.broadcast(t, src);
+  return comm_of(pg).to_host(t);
 }
 
-at::Tensor all_gather_host(const ProcessGroup& pg, const at::Tensor& host) {
-  Comm& c = comm_of(pg);
-  std::vector<at::Tensor> inputs{c.to_device(host.reshape({-1}))};
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  const int world = c.config().world_size;
-  for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
-  c.all_gather(outputs, inputs)->wait();
-  std::vector<at::Tensor> rows;
-  rows.reserve(world);
-  for (const at::Tensor& out : outputs[0]) rows.push_back(c.to_host(out));
+at::Tensor all_gather_host(ProcessGroup& pg, const at::Tensor& host) {
+  std::vector<at::Tensor> rows = pg.all_gather(comm_of(pg).to_device(host.reshape({-1})));
+  for (at::Tensor& row : rows) row = comm_of(pg).to_host(row);
   return at::stack(rows);
 }
 

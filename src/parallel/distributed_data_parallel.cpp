@@ -82,14 +82,13 @@ void check_leaf(const std::string& name, const at::Tensor& p, const std::string&
 // not reduce; say so now rather than at the first backward.
 void check_no_sparse_gradients(torch::nn::Module& module, const std::string& where) {
   for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    bool sparse = false;
+    const at::Tensor* weight = nullptr;
     if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(item.value().get())) {
-      sparse = e->options.sparse();
+      if (e->options.sparse()) weight = &e->weight;
     } else if (auto* b = dynamic_cast<torch::nn::EmbeddingBagImpl*>(item.value().get())) {
-      sparse = b->options.sparse();
+      if (b->options.sparse()) weight = &b->weight;
     }
-    if (!sparse || !item.value()->named_parameters(false).contains("weight")) continue;
-    if (!item.value()->named_parameters(false)["weight"].requires_grad()) continue;
+    if (weight == nullptr || !weight->defined() || !weight->requires_grad()) continue;
     const std::string name = item.key().empty() ? "weight" : item.key() + ".weight";
     TORCH_CHECK(false, "DistributedDataParallel ", where, ": parameter '", name,
                 "' belongs to an embedding with sparse=true, whose gradients are sparse; "

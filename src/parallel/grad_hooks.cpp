@@ -52,16 +52,13 @@ class OutputPreHook final : public torch::autograd::FunctionPreHook {
 
 } // namespace
 
-size_t hook_output_nodes(const std::vector<at::Tensor>& outputs,
-                         const std::weak_ptr<OutputListener>& listener, uint64_t forward_id) {
-  size_t added = 0;
+void hook_output_nodes(const std::vector<at::Tensor>& outputs,
+                       const std::weak_ptr<OutputListener>& listener, uint64_t forward_id) {
   for (const at::Tensor& out : outputs) {
-    const auto& node = out.grad_fn();
-    if (!node) continue;
-    node->add_pre_hook(std::make_unique<OutputPreHook>(listener, forward_id));
-    ++added;
+    if (const auto& node = out.grad_fn()) {
+      node->add_pre_hook(std::make_unique<OutputPreHook>(listener, forward_id));
+    }
   }
-  return added;
 }
 
 GradHooks::~GradHooks() {

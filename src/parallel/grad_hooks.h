@@ -64,8 +64,8 @@ class OutputListener {
 
 /// Calls listener->on_output_grad(forward_id) from a pre-hook on the grad_fn of each of
 /// `outputs` that has one, i.e. when backward first reaches them (a listener that no
-/// longer exists is skipped). Returns how many hooks were added.
-size_t hook_output_nodes(const std::vector<at::Tensor>& outputs,
+/// longer exists is skipped).
+void hook_output_nodes(const std::vector<at::Tensor>& outputs,
                          const std::weak_ptr<OutputListener>& listener, uint64_t forward_id);
 
 } // namespace detail

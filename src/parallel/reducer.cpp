@@ -19,10 +19,9 @@ std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params,
                                          std::shared_ptr<TraceWriter> trace) {
   std::shared_ptr<Reducer> reducer(new Reducer(std::move(params), std::move(names),
                                                std::move(pg), options, std::move(trace)));
-  // The hooks need a weak_ptr to the reducer, which exists only now.
-  std::weak_ptr<Reducer> weak = reducer;
-  reducer->self_ = weak;
-  // A plain pointer: ~Reducer removes the hooks before anything else goes.
+  // The output pre-hooks hold a weak_ptr to the reducer, which exists only now. The
+  // gradient hooks hold a plain pointer: ~Reducer removes them before anything else goes.
+  reducer->self_ = reducer;
   Reducer* self = reducer.get();
   reducer->hooks_ = std::make_unique<GradHooks>(
       reducer->params_, [self](size_t i) { self->on_grad_ready(i); });

@@ -13,10 +13,6 @@ using ddp_test::run_thread_groups;
 
 namespace {
 
-#define EXPECT_ERROR_HAS(message, fragment)                                      \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos)              \
-      << "expected to find: " << (fragment) << "\n in: " << (message)
-
 // Lets threads wait until all of them reached a point (C++17 has no std::latch).
 class Latch {
  public:

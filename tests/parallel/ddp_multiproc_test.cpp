@@ -86,27 +86,11 @@ TEST_P(DdpMultiProcTest, TrainsLikeOneProcessOnTheFullBatch) {
 // every rank reports the parameters it missed at its next forward, and releasing the
 // group afterwards does not wait either. The group's timeout is long, so a rank that
 // waited for a collective its peers never launch would show as a slow or killed run.
-struct HeadsImpl : torch::nn::Module {
-  HeadsImpl()
-      : trunk(register_module("trunk", torch::nn::Linear(8, 16))),
-        head_a(register_module("head_a", torch::nn::Linear(16, 4))),
-        head_b(register_module("head_b", torch::nn::Linear(16, 4))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = at::relu(trunk(x));
-    if (heads == "a") return head_a(h);
-    if (heads == "b") return head_b(h);
-    return head_a(h) + head_b(h);
-  }
-  torch::nn::Linear trunk, head_a, head_b;
-  std::string heads = "ab";
-};
-TORCH_MODULE(Heads);
-
 DDP_SCENARIO(ddp_missing_different_parameters) {
   ddp::ProcessGroupGuard guard(
       ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(120)));
   const int r = ddp::get_rank();
-  Heads model;
+  ddp_test::TwoHeads model;
   auto dmodel = ddp::DistributedDataParallel(
       model, ddp::DistributedDataParallelOptions().bucket_cap_mb(1e-6));
   const at::Tensor x = ddp_test::randn({kPerRank, 8}, r);

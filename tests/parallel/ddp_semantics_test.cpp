@@ -27,10 +27,6 @@ using ddp_test::run_thread_groups;
 
 namespace {
 
-#define EXPECT_ERROR_HAS(message, fragment)                                      \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos)              \
-      << "expected to find: " << (fragment) << "\n in: " << (message)
-
 constexpr int64_t kPerRank = 4;
 constexpr double kRtol = 1e-5;
 
@@ -419,22 +415,6 @@ TEST_P(SemanticsTest, StaticGraphAllowsAGradientToArriveTwice) {
 
 // ---- Ranks that miss different parameters ----------------------------------------------
 
-struct TwoHeadsImpl : torch::nn::Module {
-  TwoHeadsImpl()
-      : trunk(register_module("trunk", torch::nn::Linear(8, 16))),
-        head_a(register_module("head_a", torch::nn::Linear(16, 4))),
-        head_b(register_module("head_b", torch::nn::Linear(16, 4))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = at::relu(trunk(x));
-    if (heads == "a") return head_a(h);
-    if (heads == "b") return head_b(h);
-    return head_a(h) + head_b(h);
-  }
-  torch::nn::Linear trunk, head_a, head_b;
-  std::string heads = "ab";
-};
-TORCH_MODULE(TwoHeads);
-
 TEST_P(SemanticsTest, RanksMissingDifferentParametersFailFastOnEveryRank) {
   const int world = GetParam();
   ddp_test::TempDir dir;
@@ -443,7 +423,7 @@ TEST_P(SemanticsTest, RanksMissingDifferentParametersFailFastOnEveryRank) {
     // that long to fail.
     auto pg = ddp::ProcessGroup::create(
         ddp_test::file_init(dir, rank, world, std::chrono::seconds(60)));
-    TwoHeads model;
+    ddp_test::TwoHeads model;
     auto dmodel = ddp::DistributedDataParallel(
         model, ddp::DistributedDataParallelOptions().process_group(pg).bucket_cap_mb(1e-6));
     const at::Tensor x = ddp_test::randn({kPerRank, 8}, rank);
@@ -476,7 +456,7 @@ TEST_P(SemanticsTest, RanksMissingDifferentParametersFailFastOnEveryRank) {
 TEST_P(SemanticsTest, WithFindUnusedParametersDifferentBranchesAreAveraged) {
   const int world = GetParam();
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
-    TwoHeads model;
+    ddp_test::TwoHeads model;
     ddp_test::init_params(*model, 3);
     auto dmodel = ddp::DistributedDataParallel(
         model, options_for(pg).find_unused_parameters(true).bucket_cap_mb(1e-6));
@@ -484,7 +464,7 @@ TEST_P(SemanticsTest, WithFindUnusedParametersDifferentBranchesAreAveraged) {
     const at::Tensor x = ddp_test::randn({kPerRank, 8}, 9);  // the same on every rank
     dmodel(x).sum().backward();
     // Reference: each head's gradient, summed over the ranks that use it, / world.
-    TwoHeads ref;
+    ddp_test::TwoHeads ref;
     ddp_test::init_params(*ref, 3);
     ref->heads = "a";
     ref(x).sum().backward();
@@ -518,7 +498,7 @@ TEST(WorldSizeOneSemanticsTest, ACommHookRunsWithItsRounding) {
 TEST(WorldSizeOneSemanticsTest, MisuseIsCaughtAsAtWorldSizeTwo) {
   run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
     {  // a parameter that gets no gradient, without find_unused_parameters
-      TwoHeads model;
+      ddp_test::TwoHeads model;
       auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
       model->heads = "a";
       dmodel(ddp_test::randn({2, 8}, 1)).sum().backward();

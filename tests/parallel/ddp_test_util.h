@@ -26,6 +26,11 @@
 #include <string>
 #include <vector>
 
+/// Expects error text `message` to contain `fragment`, showing both otherwise.
+#define EXPECT_ERROR_HAS(message, fragment)                                      \
+  EXPECT_NE(std::string(message).find(fragment), std::string::npos)              \
+      << "expected to find: " << (fragment) << "\n in: " << (message)
+
 namespace ddp_test {
 
 inline ddp::DistributedDataParallelOptions options_for(ddp::ProcessGroup& pg) {
@@ -88,6 +93,24 @@ struct BranchNetImpl : torch::nn::Module {
   bool use_b = false;
 };
 TORCH_MODULE(BranchNet);
+
+/// Two heads on one trunk; `heads` ("a", "b" or "ab", set per rank in tests) says which
+/// heads forward uses.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl()
+      : trunk(register_module("trunk", torch::nn::Linear(8, 16))),
+        head_a(register_module("head_a", torch::nn::Linear(16, 4))),
+        head_b(register_module("head_b", torch::nn::Linear(16, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::relu(trunk(x));
+    if (heads == "a") return head_a(h);
+    if (heads == "b") return head_b(h);
+    return head_a(h) + head_b(h);
+  }
+  torch::nn::Linear trunk, head_a, head_b;
+  std::string heads = "ab";
+};
+TORCH_MODULE(TwoHeads);
 
 struct BnNetImpl : torch::nn::Module {
   BnNetImpl()

@@ -21,6 +21,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel_options.h>
 #include <ddp/iteration_stats.h>
+#include <ddp/join.h>
 #include <ddp/output_tensors.h>
 #include <ddp/process_group.h>
 #include <ddp/trace.h>
@@ -29,6 +30,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -43,7 +45,7 @@ class NoSyncGuard;
 /// Everything of DistributedDataParallel that does not depend on the wrapped module's
 /// type. The wrapped module is registered as the submodule "module", so parameters()
 /// and named_parameters() ("module.fc1.weight", as in PyTorch) see its tensors.
-class DistributedDataParallelBase : public torch::nn::Module {
+class DistributedDataParallelBase : public torch::nn::Module, public Joinable {
  public:
   ~DistributedDataParallelBase() override;
 
@@ -76,6 +78,18 @@ class DistributedDataParallelBase : public torch::nn::Module {
 
   /// Marks a span of user code on this model's trace (see ddp/trace.h).
   trace::Scope trace_scope(std::string name) const;
+
+  /// Runs `body` (this rank's training loop) so that ranks with fewer batches keep the
+  /// others going: ddp::join({this}, body, options). See ddp/join.h and docs/join.md.
+  /// Example: dmodel->join([&] { for (auto& b : batches) { ...; loss.backward(); } });
+  void join(const std::function<void()>& body, const JoinOptions& options = JoinOptions());
+
+  // Joinable (called by ddp::join).
+  ProcessGroup& join_process_group() const override;
+  void join_enter(std::shared_ptr<detail::JoinContext> context, bool notifier) override;
+  void join_leave() noexcept override;
+  void join_shadow(const JoinRound& round) override;
+  void join_finish(int src) override;
 
  protected:
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,

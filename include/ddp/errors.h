@@ -2,7 +2,7 @@
 
 // Exceptions that tell a peer problem apart from a caller mistake. Caller mistakes
 // (bad options, bad environment, misuse) are c10::Error, as TORCH_CHECK throws. These
-// three derive from std::runtime_error, whose constructor is the same in every
+// four derive from std::runtime_error, whose constructor is the same in every
 // LibTorch version (c10::Error's changed in 2.x); catch std::exception to get both.
 
 #include <stdexcept>
@@ -32,6 +32,14 @@ class ProcessGroupError : public std::runtime_error {
 class MismatchError : public std::runtime_error {
  public:
   explicit MismatchError(const std::string& msg)
+      : std::runtime_error(msg) {}
+};
+
+/// ddp::join with throw_on_early_termination: a rank ran out of inputs, so every rank
+/// stops. The message names the ranks that ran out.
+class EarlyTerminationError : public std::runtime_error {
+ public:
+  explicit EarlyTerminationError(const std::string& msg)
       : std::runtime_error(msg) {}
 };
 

@@ -4,6 +4,7 @@
 
 #include "parallel/bucket_assignment.h"
 #include "parallel/clock.h"
+#include "parallel/join_context.h"
 #include "parallel/model_check.h"
 #include "parallel/module_sync.h"
 #include "parallel/reducer.h"
@@ -25,7 +26,12 @@ struct DistributedDataParallelBase::State {
   std::shared_ptr<ProcessGroup> pg;
   std::vector<std::string> reduced_names;
   std::vector<at::Tensor> buffers;
+  std::vector<at::Tensor> state_tensors;  // every parameter and buffer, for broadcasts
   bool sync_buffers = false;
+  // Inside ddp::join (see Note [Join rounds]).
+  std::shared_ptr<detail::JoinContext> join;
+  bool join_notifier = false;
+  bool shadowing = false;
   std::shared_ptr<detail::Reducer> reducer;
   std::shared_ptr<detail::TraceWriter> trace;
   int64_t forward_start_ns = 0;
@@ -156,6 +162,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(
               "Train it without DDP, or set requires_grad(true) on the parameters to train.");
   // Everyone starts from rank 0's weights and buffers.
   detail::broadcast_coalesced(*s.pg, state_tensors, /*src=*/0);
+  s.state_tensors = std::move(state_tensors);
 
   if (!o.trace_path().empty()) {
     s.trace = std::make_shared<detail::TraceWriter>(
@@ -221,8 +228,73 @@ bool DistributedDataParallelBase::before_forward() {
   if (s.trace) s.forward_start_ns = detail::steady_now_ns();
   const bool wants_outputs = s.reducer->before_forward();
   if (!at::GradMode::is_enabled()) return false;
-  if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, /*src=*/0);
+  int buffer_src = 0;
+  if (s.join && s.join_notifier) {
+    // See Note [Join rounds]: announce this forward to the ranks out of inputs.
+    const bool sync = s.reducer->join_forward_syncs();
+    const JoinRound round = s.join->notify(sync);
+    buffer_src = round.active_ranks.front();
+    if (sync) {
+      s.reducer->set_divisor(s.join->options().divide_by_initial_world_size()
+                                 ? s.pg->size()
+                                 : static_cast<int>(round.active_ranks.size()));
+    }
+  }
+  s.reducer->rebuild_if_due();
+  if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, buffer_src);
   return wants_outputs;
+}
+
+// ---- uneven inputs ------------------------------------------------------------------
+
+void DistributedDataParallelBase::join(const std::function<void()>& body,
+                                       const JoinOptions& options) {
+  ddp::join({this}, body, options);
+}
+
+ProcessGroup& DistributedDataParallelBase::join_process_group() const { return *state_->pg; }
+
+void DistributedDataParallelBase::join_enter(std::shared_ptr<detail::JoinContext> context,
+                                             bool notifier) {
+  State& s = *state_;
+  TORCH_CHECK(!s.join, "DistributedDataParallel on rank ", s.pg->rank(), " of ",
+              s.pg->size(), ": this model is already inside a ddp::join; joins do not nest.");
+  // A second model's forwards are not announced, and its buckets interleave with the
+  // first one's in backward in an order a joined rank cannot reproduce.
+  TORCH_CHECK(notifier, "DistributedDataParallel on rank ", s.pg->rank(), " of ", s.pg->size(),
+              ": a DistributedDataParallel model must be the first participant of ddp::join, "
+              "and a join takes one such model. Wrap the models in one module and one "
+              "DistributedDataParallel.");
+  s.join = std::move(context);
+  s.join_notifier = notifier;
+  s.shadowing = false;
+}
+
+void DistributedDataParallelBase::join_leave() noexcept {
+  State& s = *state_;
+  s.join.reset();
+  s.join_notifier = false;
+  s.shadowing = false;
+  s.reducer->set_divisor(s.pg->size());
+}
+
+// One training iteration of the others, as they issue it in before_forward and
+// backward: rebuild, buffers, then the reduction if their forward is reduced.
+void DistributedDataParallelBase::join_shadow(const JoinRound& round) {
+  State& s = *state_;
+  if (!s.shadowing) {
+    s.reducer->begin_shadowing();
+    s.shadowing = true;
+  }
+  s.reducer->rebuild_if_due();
+  if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, round.active_ranks.front());
+  if (round.sync) s.reducer->shadow_reduction();
+}
+
+// Ranks that shadowed took no optimizer steps: every rank takes the parameters and
+// buffers of one that trained to the end.
+void DistributedDataParallelBase::join_finish(int src) {
+  detail::broadcast_coalesced(*state_->pg, state_->state_tensors, src);
 }
 
 void DistributedDataParallelBase::after_forward(const std::vector<at::Tensor>& outputs,

@@ -39,7 +39,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       trace_(std::move(trace)),
       comm_hook_(comm_hooks::allreduce_hook()) {
   for (const auto& p : params_) specs_.push_back(ParamSpec{p.numel(), p.scalar_type(), p.device()});
-  inverse_world_ = at::scalar_tensor(1.0 / world_size_, at::kDouble);
+  set_divisor_locked(world_size_);
   reset_iteration();
   // See Note [Bucket order]: PyTorch's initial buckets until the real order is known.
   install_buckets(initial_buckets(specs_, rebuilds_buckets(options_),
@@ -89,7 +89,6 @@ bool Reducer::before_forward() {
   check_usable();
   check_parameters_unchanged();
   if (!at::GradMode::is_enabled()) return false;
-  maybe_rebuild_buckets();
   return no_sync_depth_ == 0 &&
          ((options_.find_unused_parameters && !options_.static_graph) ||
           static_first_iteration());
@@ -105,6 +104,11 @@ void Reducer::check_parameters_unchanged() const {
       fail_parameter_changed(i);
     }
   }
+}
+
+void Reducer::rebuild_if_due() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  maybe_rebuild_buckets();
 }
 
 void Reducer::maybe_rebuild_buckets() {
@@ -270,10 +274,10 @@ void Reducer::mark_ready(size_t index) {
       const bool in_bucket = options_.gradient_as_bucket_view && grad.is_alias_of(view);
       if (in_bucket) {
         // Accumulated straight into the bucket by the engine.
-        if (prescaled()) view.div_(world_size_);
+        if (prescaled()) view.div_(divisor_);
       } else {
         if (prescaled()) {
-          at::mul_out(view, grad, inverse_world_);
+          at::mul_out(view, grad, inverse_divisor_);
         } else {
           view.copy_(grad);
         }
@@ -302,24 +306,30 @@ void Reducer::launch(size_t b) {
   auto timing = std::make_shared<BucketTiming>();
   timing->launch_ns = steady_now_ns();
   bucket.timing = timing;
+  auto future = reduce_async(b, bucket.buffer);
+  future->addCallback([timing](c10::ivalue::Future&) { timing->done_ns = steady_now_ns(); });
+  bucket.future = std::move(future);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Reducer::reduce_async(size_t b, at::Tensor buffer) {
+  const Bucket& bucket = buckets_[b];
   c10::intrusive_ptr<c10::ivalue::Future> future;
   if (prescaled()) {
     // The default hook, already divided (see Note [Pre-scaled buckets]).
-    std::vector<at::Tensor> tensors{bucket.buffer};
+    std::vector<at::Tensor> tensors{std::move(buffer)};
     future = pg_->all_reduce_async(tensors, ReduceOp::SUM).future();
   } else {
     std::vector<at::Tensor> params;
     params.reserve(bucket.params.size());
     for (size_t i : bucket.params) params.push_back(params_[i]);
-    GradBucket grad_bucket(b, buckets_.size(), bucket.buffer, std::move(params),
+    GradBucket grad_bucket(b, buckets_.size(), std::move(buffer), std::move(params),
                            bucket.offsets, *pg_);
     future = comm_hook_->run_hook(grad_bucket);
   }
   TORCH_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
               "' returned a null future for bucket ", b, "; a hook must return the future "
               "of its reduction.");
-  future->addCallback([timing](c10::ivalue::Future&) { timing->done_ns = steady_now_ns(); });
-  bucket.future = std::move(future);
+  return future;
 }
 
 // ---- configuration and queries ------------------------------------------------------

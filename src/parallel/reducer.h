@@ -6,7 +6,8 @@
 // (no_sync, world size 1), which parameters count as used, and when an iteration ends.
 //
 // Contract, per iteration:
-//   before_forward()             the previous reduction must have finished; rebuild once
+//   before_forward()             the previous reduction must have finished
+//   rebuild_if_due()             once, after the first reduced iteration (collective)
 //   after_forward(outputs, ...)  arm for one reduced backward (or local accumulation)
 //   on_grad_ready(i)             from parameter i's accumulator hook, during backward
 //   finalize_backward()          from the engine, once, when the outermost backward ends
@@ -106,6 +107,22 @@ class Reducer final : public OutputListener {
   /// output type DDP cannot search for tensors, or nullptr.
   void after_forward(const std::vector<at::Tensor>& outputs, const char* unknown_output_type);
 
+  /// Rebuilds the buckets from the first reduced iteration's gradient order, once, at
+  /// the first forward after it (a broadcast from rank 0; see docs/ddp.md).
+  void rebuild_if_due();
+
+  // ---- uneven inputs (ddp::join; reducer_join.cpp) ----
+  /// A rank still training, before a forward that records gradients: whether its
+  /// backward will be reduced. Throws if a reduced forward still awaits its backward.
+  bool join_forward_syncs();
+  /// Divide the next reductions by `divisor` instead of the world size (default hook).
+  void set_divisor(int divisor);
+  /// This rank is out of inputs: checks that no backward is pending and clears what
+  /// the last (no_sync) iterations recorded.
+  void begin_shadowing();
+  /// The collectives of one reduced iteration of the ranks still training, with zeros.
+  void shadow_reduction();
+
   // ---- backward side ----
   void on_grad_ready(size_t index);
   void on_output_grad(uint64_t forward_id) override;
@@ -150,6 +167,9 @@ class Reducer final : public OutputListener {
   void begin_backward();
   void mark_ready(size_t index);
   void launch(size_t bucket);
+  /// Starts bucket b's reduction of `buffer` (its own, or zeros when shadowing).
+  c10::intrusive_ptr<c10::ivalue::Future> reduce_async(size_t b, at::Tensor buffer);
+  void set_divisor_locked(int divisor);
   bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();
   void install_buckets(const BucketAssignment& assignment);
@@ -161,6 +181,12 @@ class Reducer final : public OutputListener {
   /// Waits for every launched bucket; with `use`, writes each one back as soon as it
   /// is reduced (see Note [Write-back per bucket]).
   void wait_for_buckets(IterationStats& stats, const std::vector<int>* use);
+  /// Bucket b's reduced buffer from its completed future; a failure moves the reducer
+  /// to kFailed and throws.
+  at::Tensor bucket_result(size_t b, c10::ivalue::Future& future);
+  /// After a reduced iteration (real or shadowed): counts it, keeps what static_graph
+  /// learnt from the first one.
+  void end_reduced_iteration(const std::vector<int>& use);
   void write_back(const Bucket& bucket, const std::vector<int>& global_use);
   void reset_iteration();
   void record_trace(const IterationStats& stats, int64_t forward_end_ns,
@@ -188,7 +214,10 @@ class Reducer final : public OutputListener {
   const std::shared_ptr<TraceWriter> trace_;
   std::vector<ParamSpec> specs_;
   std::unique_ptr<GradHooks> hooks_;
-  at::Tensor inverse_world_;  // 0-dim 1/world_size, see Note [Pre-scaled buckets]
+  // What the default hook divides by (see Note [Pre-scaled buckets]): the world size,
+  // or under ddp::join the ranks still training; inverse_divisor_ is 0-dim 1/divisor_.
+  int divisor_ = 1;
+  at::Tensor inverse_divisor_;
 
   mutable std::mutex mutex_;
   std::shared_ptr<CommHook> comm_hook_;

@@ -80,12 +80,16 @@ void Reducer::finalize_locked() {
   wait_for_buckets(stats, &use);
   const int64_t wait_end_ns = local_only ? wait_start_ns : steady_now_ns();
   stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
-  if (static_first_iteration()) static_global_use_ = use;
-  ++num_reduced_;
+  end_reduced_iteration(use);
   const int64_t forward_end_ns = iter_.forward_end_ns;
   reset_iteration();
   last_stats_ = stats;
   if (trace_) record_trace(stats, forward_end_ns, finalize_start_ns, wait_start_ns, wait_end_ns);
+}
+
+void Reducer::end_reduced_iteration(const std::vector<int>& use) {
+  if (static_first_iteration()) static_global_use_ = use;
+  ++num_reduced_;
 }
 
 std::vector<int> Reducer::global_use() {
@@ -118,31 +122,7 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     if (!bucket.future) continue;
     bucket.future->wait();
     const int64_t now = steady_now_ns();
-    if (bucket.future->hasError()) {
-      const std::string cause = bucket.future->tryRetrieveErrorMessage();
-      const std::string text = "DistributedDataParallel" + where() + ": the reduction of "
-                               "bucket " + std::to_string(b) + " (" +
-                               std::to_string(bucket.params.size()) + " parameters, " +
-                               std::to_string(bucket.bytes()) + " bytes, comm hook '" +
-                               comm_hook_->name() + "') failed. Cause: " + cause;
-      // Every later use of this model reports this (fail_failed): the group is broken.
-      iter_.phase = Phase::kFailed;
-      failure_ = text;
-      const CommFailure kind = classify_comm_failure(cause);
-      throw_comm_failure(kind, kind == CommFailure::kTimeout
-                                   ? text + ". A peer did not take part in time: check "
-                                            "that every rank runs the same number of "
-                                            "forward/backward iterations."
-                                   : text + ". The process group is broken; recreate it.");
-    }
-    at::Tensor result = hook_result(bucket.future->value());
-    TORCH_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
-                "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
-                "' completed bucket ", b, " with ",
-                result.defined() ? std::to_string(result.numel()) + " elements"
-                                 : std::string("no tensor"),
-                ", but the bucket has ", bucket.buffer.numel(), ". A hook's future must "
-                "yield the reduced flat buffer (a Tensor or a list holding one).");
+    const at::Tensor result = bucket_result(b, *bucket.future);
     if (!result.is_same(bucket.buffer)) {
       at::NoGradGuard no_grad;
       bucket.buffer.copy_(result.reshape({-1}));
@@ -154,6 +134,37 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     stats.allreduce_total_ms += ms;
     if (use != nullptr) write_back(bucket, *use);
   }
+}
+
+at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
+  const Bucket& bucket = buckets_[b];
+  if (future.hasError()) {
+    const std::string cause = future.tryRetrieveErrorMessage();
+    const std::string text = "DistributedDataParallel" + where() + ": the reduction of "
+                             "bucket " + std::to_string(b) + " (" +
+                             std::to_string(bucket.params.size()) + " parameters, " +
+                             std::to_string(bucket.bytes()) + " bytes, comm hook '" +
+                             comm_hook_->name() + "') failed. Cause: " + cause;
+    // Every later use of this model reports this (fail_failed): the group is broken.
+    iter_.phase = Phase::kFailed;
+    failure_ = text;
+    const CommFailure kind = classify_comm_failure(cause);
+    throw_comm_failure(kind, kind == CommFailure::kTimeout
+                                 ? text + ". A peer did not take part in time: check "
+                                          "that every rank runs the same number of "
+                                          "forward/backward iterations (ddp::join handles "
+                                          "ranks with fewer batches)."
+                                 : text + ". The process group is broken; recreate it.");
+  }
+  at::Tensor result = hook_result(future.value());
+  TORCH_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
+              "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
+              "' completed bucket ", b, " with ",
+              result.defined() ? std::to_string(result.numel()) + " elements"
+                               : std::string("no tensor"),
+              ", but the bucket has ", bucket.buffer.numel(), ". A hook's future must "
+              "yield the reduced flat buffer (a Tensor or a list holding one).");
+  return result;
 }
 
 void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_use) {

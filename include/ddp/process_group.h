@@ -48,6 +48,10 @@ struct InitOptions {
   TORCH_ARG(int, local_rank) = -1;
   /// Limit for rendezvous and for each collective.
   TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
+  /// "detail": before every collective, check across ranks that all make the same call
+  /// (op, dtypes, shapes, root), and name the rank that differs; slow. "off": no check.
+  /// Empty: the DDP_DEBUG environment variable, else "off". See docs/debugging.md.
+  TORCH_ARG(std::string, debug) = "";
 };
 
 /// Who this process is, as read from the environment (torchrun, Slurm or Open MPI).
@@ -108,6 +112,11 @@ class ProcessGroup {
   c10::Device device() const;
 
   void barrier();
+  /// A barrier that names who is late: rank 0 waits up to `timeout` for every rank and
+  /// throws TimeoutError naming those that did not arrive; the others throw it too,
+  /// naming the same ranks (or rank 0, if it never answers). Uses the rendezvous store,
+  /// not the backend, so it works while a backend collective is stuck.
+  void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks = true);
   /// In place. AVG divides the sum by size().
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
   /// In place: every rank ends with src's tensor.
@@ -158,6 +167,9 @@ int get_local_world_size();
 c10::Device get_device();
 
 void barrier();
+/// ProcessGroup::monitored_barrier on the default group.
+void monitored_barrier(std::chrono::milliseconds timeout = kDefaultTimeout,
+                       bool wait_all_ranks = true);
 void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
 void broadcast(at::Tensor& tensor, int src = 0);
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor);

@@ -22,6 +22,8 @@
 // the class layouts and signatures come from pip torch's own headers.
 
 #include "core/comm.h"
+#include "core/store_wait.h"
+#include "core/traced_comm.h"
 
 #include <ddp/errors.h>
 
@@ -125,6 +127,16 @@ class DoneWork final : public PendingWork {
   std::vector<at::Tensor> value_;
 };
 
+void store_set_on(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::optional<std::string> store_try_get_on(c10d::Store& store, const std::string& key) {
+  if (!store.check({key})) return std::nullopt;
+  const std::vector<uint8_t> bytes = store.get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
 template <typename PG>
 class C10dComm final : public Comm {
  public:
@@ -167,6 +179,13 @@ class C10dComm final : public Comm {
     run("barrier", [&] { return pg()->barrier(opts); })->wait();
   }
 
+  void store_set(const std::string& key, const std::string& value) override {
+    store_set_on(*store(), key, value);
+  }
+  std::optional<std::string> store_try_get(const std::string& key) override {
+    return store_try_get_on(*store(), key);
+  }
+
   void shutdown() override {
     // Dropping the last reference joins the backend's worker threads and closes its
     // sockets; the store goes after the group that uses it. A worker still inside a
@@ -185,6 +204,10 @@ class C10dComm final : public Comm {
   PG* pg() {
     TORCH_CHECK(pg_, "process group of ", where(*config_), " was already shut down");
     return pg_.get();
+  }
+  c10d::Store* store() {
+    TORCH_CHECK(store_, "process group of ", where(*config_), " was already shut down");
+    return store_.get();
   }
 
   template <typename F>
@@ -346,6 +369,14 @@ std::unique_ptr<Comm> make_nccl(const CommConfig& c,
 
 // ---- Devices (Note [Device discipline]) ------------------------------------------------
 
+void Comm::store_set(const std::string& key, const std::string&) {
+  TORCH_INTERNAL_ASSERT(false, "this group has no store (key ", key, ")");
+}
+
+std::optional<std::string> Comm::store_try_get(const std::string& key) {
+  TORCH_INTERNAL_ASSERT(false, "this group has no store (key ", key, ")");
+}
+
 c10::Device Comm::device() const {
   if (config_->backend == "nccl") {
     return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(config_->local_rank));
@@ -466,6 +497,43 @@ void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                           "it and create a new one. Cause: " + text);
 }
 
+// Note [Waiting that talks] for the rendezvous: each rank announces itself under
+// ddp/arrived/<rank> and waits for all the others, saying whom it waits for, before the
+// backend's own rendezvous (which waits silently and cannot say who is missing) starts.
+void wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
+  try {
+    store_set_on(store, "ddp/arrived/" + std::to_string(c.rank), "1");
+  } catch (const std::exception& e) {
+    rethrow_comm_error(e, c, "announcing this rank at the rendezvous");
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < c.world_size; ++r) keys.push_back("ddp/arrived/" + std::to_string(r));
+  const std::string where_text = store_description(c);
+  KeyWait got;
+  try {
+    got = wait_for_keys(
+        [&store](const std::string& key) { return store_try_get_on(store, key); }, keys,
+        c.timeout, [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+          std::vector<int> ranks(missing.begin(), missing.end());
+          return "[ddp] rank " + std::to_string(c.rank) + " of " +
+                 std::to_string(c.world_size) + " has waited " +
+                 std::to_string(waited.count()) + " s at " + where_text + " for rank(s) " +
+                 join_ranks(ranks) + " to join (timeout " +
+                 std::to_string(c.timeout.count() / 1000) + " s)";
+        });
+  } catch (const std::exception& e) {
+    rethrow_comm_error(e, c, "waiting for the other ranks at the rendezvous");
+  }
+  if (got.complete()) return;
+  std::vector<int> ranks(got.missing.begin(), got.missing.end());
+  throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
+                     " waited " + std::to_string(c.timeout.count()) + " ms at " + where_text +
+                     " for the other ranks to join; rank(s) " + join_ranks(ranks) +
+                     " never arrived. Start all " + std::to_string(c.world_size) +
+                     " ranks with the same rendezvous settings (WORLD_SIZE counts every "
+                     "process of the job), or raise the timeout.");
+}
+
 std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
   if (c.world_size == 1) return std::make_unique<LocalComm>(c);
 
@@ -493,10 +561,18 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
                             store_description(c) + ". Cause: " + text);
   }
 
+  wait_for_arrivals(c, *store);
+
+  // Every collective is numbered and recorded (Note [Flight recorder]), and checked
+  // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
+  auto traced = [&c](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
+    if (!c.debug_detail && c.flight_recorder_entries == 0) return comm;
+    return std::make_unique<TracedComm>(std::move(comm));
+  };
   try {
-    if (c.backend == "gloo") return make_gloo(c, store);
+    if (c.backend == "gloo") return traced(make_gloo(c, store));
 #ifdef DDP_WITH_NCCL
-    if (c.backend == "nccl") return make_nccl(c, store);
+    if (c.backend == "nccl") return traced(make_nccl(c, store));
 #endif
   } catch (const std::exception& e) {
     if (classify_comm_failure(e.what()) == CommFailure::kTimeout) {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct CommConfig {
   // Gloo binds its connections here: an interface name, or else an address.
   std::string gloo_interface;
   std::string gloo_address;
+
+  // Diagnostics (Note [Collective fingerprints], Note [Flight recorder]).
+  bool debug_detail = false;          // DDP_DEBUG=detail / InitOptions::debug
+  size_t flight_recorder_entries = 2000;  // DDP_FLIGHT_RECORDER_SIZE; 0: off
+  std::string flight_recorder_dir;    // DDP_FLIGHT_RECORDER_DIR; empty: no files
 };
 
 /// One asynchronous collective in flight.
@@ -84,6 +90,16 @@ class Comm {
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs) = 0;
   virtual void barrier() = 0;
+
+  // The rendezvous store, for ddp-cpp's own checks (arrival, monitored_barrier,
+  // fingerprints); keys start with "ddp/". A group without peers has none: these throw.
+  virtual void store_set(const std::string& key, const std::string& value);
+  /// The key's value, or nullopt while it does not exist. Never blocks.
+  virtual std::optional<std::string> store_try_get(const std::string& key);
+
+  /// The number of the next monitored_barrier of this group (1, 2, ...).
+  uint64_t next_monitored_barrier() { return ++monitored_barriers_; }
+
   /// Releases the backend. A collective still in flight (a peer never joined it) would
   /// block the release until the timeout; then the backend is left to the process
   /// exit instead, so that shutdown never hangs.
@@ -95,6 +111,9 @@ class Comm {
   /// Whether tensors on `device` may be passed to this backend's collectives.
   virtual bool accepts(const c10::Device& device) const;
   std::shared_ptr<const CommConfig> config_;
+
+ private:
+  uint64_t monitored_barriers_ = 0;
 };
 
 /// The Comm behind a group (throws if it was shut down).

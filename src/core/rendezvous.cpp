@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -143,6 +144,18 @@ void parse_host_port(const std::string& spec, const std::string& what, std::stri
   port = static_cast<int>(v);
 }
 
+// Debug mode and flight recorder (Note [Collective fingerprints], Note [Flight recorder]).
+void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
+  std::string debug = o.debug();
+  if (debug.empty()) debug = env_string("DDP_DEBUG").value_or("off");
+  for (char& ch : debug) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  TORCH_CHECK(debug == "off" || debug == "detail", "debug mode must be \"off\" or "
+              "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
+  c.debug_detail = debug == "detail";
+  if (auto n = env_int("DDP_FLIGHT_RECORDER_SIZE")) c.flight_recorder_entries = *n;
+  c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
+}
+
 } // namespace
 
 CommConfig resolve_rendezvous(const InitOptions& o) {
@@ -250,6 +263,7 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   }
   if (c.local_world_size < 0) c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;
   if (c.local_rank < 0) c.local_rank = c.local_world_size == c.world_size ? c.rank : 0;
+  resolve_diagnostics(o, c);
   return c;
 }
 

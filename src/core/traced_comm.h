@@ -1,0 +1,65 @@
+#pragma once
+
+// A Comm that numbers, records and (in debug mode) cross-checks every collective of the
+// Comm it wraps. See Note [Flight recorder] and Note [Collective fingerprints].
+
+#include "core/comm.h"
+#include "core/flight_recorder.h"
+
+#include <memory>
+#include <mutex>
+
+namespace ddp {
+namespace detail {
+
+/// Note [Collective fingerprints]
+/// With DDP_DEBUG=detail (or InitOptions::debug("detail")), before each collective every
+/// rank publishes "<seq> <op> [<dtype> <shape>, ...]" under ddp/fp/<rank>/<seq % 4> in
+/// the rendezvous store and reads every other rank's entry for the same sequence
+/// number. That covers ddp-cpp's own collectives and DDP's buckets alike, since all go
+/// through the group. A difference raises MismatchError on every rank, naming the
+/// lowest rank whose call differs from rank 0's and both calls. A rank that does not
+/// publish in time is named, with the last call it did publish, in a TimeoutError. A
+/// rank publishes #s+4 only after reading everyone's #s+1..#s+3, so four slots per rank
+/// are never overwritten while a peer still needs them. The store round trips make this
+/// mode slow. When it is off, nothing is published.
+class TracedComm final : public Comm {
+ public:
+  explicit TracedComm(std::unique_ptr<Comm> inner);
+
+  c10::Device device() const override { return inner_->device(); }
+  at::Tensor to_device(const at::Tensor& t) override { return inner_->to_device(t); }
+  at::Tensor to_host(const at::Tensor& t) override { return inner_->to_host(t); }
+
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
+                                          ReduceOp op) override;
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override;
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override;
+  void barrier() override;
+
+  void store_set(const std::string& key, const std::string& value) override {
+    inner_->store_set(key, value);
+  }
+  std::optional<std::string> store_try_get(const std::string& key) override {
+    return inner_->store_try_get(key);
+  }
+  void shutdown() override { inner_->shutdown(); }
+
+ private:
+  template <typename Launch>
+  std::shared_ptr<PendingWork> traced(std::string what, Launch&& launch);
+  void check_fingerprint(uint64_t seq, const std::string& what);
+  [[noreturn]] void fail_check(uint64_t seq, const std::string& reason, bool timeout);
+
+  std::unique_ptr<Comm> inner_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  std::mutex launch_mutex_;  // sequence numbers follow launch order
+  uint64_t seq_ = 0;
+};
+
+/// "float 4x256", "long 3", for fingerprints and records.
+std::string describe_tensors(const std::vector<at::Tensor>& tensors);
+
+} // namespace detail
+} // namespace ddp

@@ -62,8 +62,8 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
                             std::shared_ptr<ProcessGroup> group) {
     const int64_t dim = input.dim();
     // y = x * scale + shift, as ATen's CPU batch norm computes it.
-    const at::Tensor scale = weight.defined() ? invstd * weight : invstd;
-    const at::Tensor shift = bias.defined() ? bias - mean * scale : -(mean * scale);
+    const at::Tensor scale = invstd * weight;
+    const at::Tensor shift = bias - mean * scale;
     at::Tensor output =
         at::addcmul(per_channel(shift, dim), input, per_channel(scale, dim))
             .to(input.scalar_type());
@@ -96,7 +96,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     at::Tensor sum_dy_xmu = (dy * xmu).sum(dims);
 
     at::Tensor grad_input, grad_weight, grad_bias;
-    // An undefined weight or bias (affine = false) never needs a gradient.
+    // The stand-ins for affine = false never need a gradient.
     // (The engine casts each gradient to its input's dtype.)
     if (ctx->needs_input_grad(1)) grad_weight = sum_dy_xmu * invstd;
     if (ctx->needs_input_grad(2)) grad_bias = sum_dy;
@@ -107,7 +107,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
       const double inv_count = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
       const at::Tensor mean_dy = sums.narrow(0, 0, channels) * inv_count;
       const at::Tensor mean_dy_xmu = sums.narrow(0, channels, channels) * inv_count;
-      const at::Tensor scale = weight.defined() ? invstd * weight : invstd;
+      const at::Tensor scale = invstd * weight;
       grad_input = (dy - per_channel(mean_dy, dim) -
                     xmu * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
                    per_channel(scale, dim);
@@ -124,8 +124,12 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight,
                            const at::Tensor& bias, const at::Tensor& mean,
                            const at::Tensor& invstd, int64_t count,
                            std::shared_ptr<ProcessGroup> group) {
-  return SyncBatchNormFunction::apply(input, weight, bias, mean, invstd, count,
-                                      std::move(group));
+  // Without affine parameters, a constant scale of 1 and shift of 0 stand in for them:
+  // LibTorch 2.x's custom Functions refuse undefined tensor arguments.
+  const bool affine = weight.defined();
+  return SyncBatchNormFunction::apply(input, affine ? weight : at::ones_like(mean),
+                                      affine ? bias : at::zeros_like(mean), mean, invstd,
+                                      count, std::move(group));
 }
 
 } // namespace detail

@@ -36,7 +36,7 @@ GlobalBatchStats gather_batch_stats(const at::Tensor& input, ProcessGroup& group
 /// (input - mean) * invstd * weight + bias, per channel, differentiable in input, weight
 /// and bias. Its backward all-reduces sum(dy) and sum(dy * (x - mean)) over `group` when
 /// input needs a gradient (Note [Collective order] in sync_batchnorm_function.cpp).
-/// weight and bias may be undefined (affine = false). mean and invstd are [C] in any
+/// weight and bias may both be undefined (affine = false). mean and invstd are [C] in any
 /// floating dtype; count is the group's count from gather_batch_stats.
 at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight,
                            const at::Tensor& bias, const at::Tensor& mean,

@@ -589,7 +589,11 @@ TEST_P(SyncBatchNormDdpTest, TrainingEqualsOneProcessOnTheWholeBatch) {
       ConvBnNet net;
       ddp_test::init_params(*net, 42);
       if (sync) ddp::convert_sync_batchnorm(net, borrow(pg));
-      auto dmodel = ddp::DistributedDataParallel(net, ddp_test::options_for(pg));
+      // One bucket per parameter: the head's buckets are launched before the
+      // SyncBatchNorm backward issues its all-reduce on the same group, and the rest
+      // after it (Note [Collective order]).
+      auto dmodel =
+          ddp::DistributedDataParallel(net, ddp_test::options_for(pg).bucket_cap_mb(1e-6));
       train(net, [&](const at::Tensor& in) { return dmodel(in); }, xs, ys);
       const auto params = net->named_parameters();
       const auto buffers = net->named_buffers();

@@ -6,7 +6,7 @@
 //
 // Example:
 //   ddp::init_process_group();
-//   auto model = std::make_shared<Net>();         // BatchNorm layers in Sequential blocks
+//   auto model = std::make_shared<NetImpl>();     // BatchNorm layers in Sequential blocks
 //   ddp::convert_sync_batchnorm(model);           // each BatchNorm{1,2,3}d -> SyncBatchNorm
 //   auto dmodel = ddp::DistributedDataParallel(model);
 //   ... dmodel(x) ... loss.backward(); optimizer.step();
@@ -80,8 +80,8 @@ std::shared_ptr<SyncBatchNormImpl> sync_batchnorm_sharing_state_of(
 /// nothing.
 ///
 /// Every rank of the group must run the same SyncBatchNorm forwards (and backwards) in
-/// the same order: each training forward runs one all-gather and each backward one
-/// all-reduce on the group. Parameter and buffer names (weight, bias, running_mean,
+/// the same order: each training forward runs one all-gather (the first one over a group
+/// also an 8-byte channel handshake) and each backward one all-reduce on the group. Parameter and buffer names (weight, bias, running_mean,
 /// running_var, num_batches_tracked) are BatchNorm's, so state dicts are interchangeable
 /// with torch::nn::BatchNorm{1,2,3}d and with Python's.
 ///
@@ -93,7 +93,8 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
       : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
   explicit SyncBatchNormImpl(SyncBatchNormOptions options);
 
-  /// (Re)creates the parameters and buffers (Cloneable::clone calls it too).
+  /// Creates the parameters and buffers; the constructor and Cloneable::clone (on the
+  /// copy) call it, as in LibTorch's own modules.
   void reset() override;
   /// running_mean = 0, running_var = 1, num_batches_tracked = 0.
   void reset_running_stats();

@@ -19,7 +19,6 @@
 
 #include <atomic>
 #include <fstream>
-#include <numeric>
 #include <sstream>
 
 using ddp_test::borrow;
@@ -646,6 +645,7 @@ TEST(SyncBatchNormPythonTest, StateDictLoadsIntoTorchBatchNorm2d) {
     if (pg.rank() == 0) trained = net;
   });
   ASSERT_FALSE(trained.is_empty());
+  // Eval mode never touches the group, which is gone now (its pointer was borrowed).
   trained->eval();
   const at::Tensor probe = ddp_test::randn({2, 2, 6, 6}, 52);
   const at::Tensor out = trained->forward(probe);

@@ -9,4 +9,5 @@
 #include <ddp/errors.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler.h>
+#include <ddp/sync_batchnorm.h>
 #include <ddp/trace.h>

@@ -38,6 +38,7 @@ struct CommConfig {
 
   // Diagnostics (Note [Collective fingerprints], Note [Flight recorder]).
   bool debug_detail = false;          // DDP_DEBUG=detail / InitOptions::debug
+  int debug_check_every = 100;        // DDP_DEBUG_CHECK_EVERY: DDP's parameter checksums
   size_t flight_recorder_entries = 2000;  // DDP_FLIGHT_RECORDER_SIZE; 0: off
   std::string flight_recorder_dir;    // DDP_FLIGHT_RECORDER_DIR; empty: no files
 };

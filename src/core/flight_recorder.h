@@ -4,9 +4,10 @@
 // Each group keeps a ring of its last N collectives (DDP_FLIGHT_RECORDER_SIZE, 2000 by
 // default, 0 turns it off): sequence number, op, tensors, root, wall-clock start and
 // end, and state (started, completed, failed). When a collective of this rank fails or
-// times out, or a fingerprint check fails, the ring is written as JSON to
-// <DDP_FLIGHT_RECORDER_DIR>/flight_recorder.rank<r>.json (ddprun sets the folder and
-// names the files in its failure summary). tools/flight_recorder.py lines up all
+// times out, or a fingerprint check fails, and otherwise when the group is shut down,
+// the ring is written as JSON to <DDP_FLIGHT_RECORDER_DIR>/flight_recorder.rank<r>.json
+// (ddprun sets the folder, removes it when the job succeeds, and names the files in
+// its failure summary when it fails). tools/flight_recorder.py lines up all
 // ranks' files and points at the first collective that not every rank entered.
 // Recording costs a lock and a few stores per collective; the file is written only on
 // failure, whole or not at all (written aside, then renamed).

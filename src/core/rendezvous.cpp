@@ -153,6 +153,11 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
               "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
   c.debug_detail = debug == "detail";
   if (auto n = env_int("DDP_FLIGHT_RECORDER_SIZE")) c.flight_recorder_entries = *n;
+  if (auto k = env_int("DDP_DEBUG_CHECK_EVERY")) {
+    TORCH_CHECK(*k > 0, "DDP_DEBUG_CHECK_EVERY must be >= 1 (iterations between DDP's "
+                "parameter checksums in debug mode), but got ", *k, ".");
+    c.debug_check_every = *k;
+  }
   c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
 }
 

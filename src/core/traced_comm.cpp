@@ -182,6 +182,11 @@ void TracedComm::barrier() {
   recorder_->complete(seq);
 }
 
+void TracedComm::shutdown() {
+  recorder_->dump("shutdown");
+  inner_->shutdown();
+}
+
 void TracedComm::check_fingerprint(uint64_t seq, const std::string& what) {
   const int world = config().world_size;
   const int rank = config().rank;

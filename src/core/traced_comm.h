@@ -44,7 +44,9 @@ class TracedComm final : public Comm {
   std::optional<std::string> store_try_get(const std::string& key) override {
     return inner_->store_try_get(key);
   }
-  void shutdown() override { inner_->shutdown(); }
+  /// Writes the flight recorder (if a folder is set and nothing failed earlier: a rank
+  /// that ends normally still shows its peers' failure what it did), then releases.
+  void shutdown() override;
 
  private:
   template <typename Launch>

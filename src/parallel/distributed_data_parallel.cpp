@@ -2,6 +2,7 @@
 
 #include <ddp/errors.h>
 
+#include "core/comm.h"
 #include "parallel/bucket_assignment.h"
 #include "parallel/clock.h"
 #include "parallel/join_context.h"
@@ -27,6 +28,11 @@ struct DistributedDataParallelBase::State {
   std::vector<std::string> reduced_names;
   std::vector<at::Tensor> buffers;
   std::vector<at::Tensor> state_tensors;  // every parameter and buffer, for broadcasts
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters;
+  // Debug mode (DDP_DEBUG=detail): parameter checksums every debug_check_every forwards.
+  bool debug = false;
+  int debug_check_every = 0;
+  int64_t debug_forwards = 0;
   bool sync_buffers = false;
   // Inside ddp::join (see Note [Join rounds]).
   std::shared_ptr<detail::JoinContext> join;
@@ -156,6 +162,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(
       {"static_graph", o.static_graph() ? "true" : "false"}};
 
   detail::verify_model_across_ranks(*s.pg, description);
+  s.named_parameters = description.parameters;
+  s.debug = detail::comm_of(*s.pg).config().debug_detail && s.pg->size() > 1;
+  s.debug_check_every = detail::comm_of(*s.pg).config().debug_check_every;
   TORCH_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank, ": the wrapped "
               "module has no parameters that require grad (", description.parameters.size(),
               " parameters, all frozen or none at all), so there is nothing to average. "
@@ -242,6 +251,10 @@ bool DistributedDataParallelBase::before_forward() {
   }
   s.reducer->rebuild_if_due();
   if (s.sync_buffers) detail::broadcast_coalesced(*s.pg, s.buffers, buffer_src);
+  // Not inside join: the ranks out of inputs do not shadow this check.
+  if (s.debug && !s.join && ++s.debug_forwards % s.debug_check_every == 0) {
+    detail::verify_parameters_agree(*s.pg, s.named_parameters, s.debug_forwards);
+  }
   return wants_outputs;
 }
 

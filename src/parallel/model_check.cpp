@@ -2,9 +2,14 @@
 
 #include <ddp/errors.h>
 
+#include "core/comm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace ddp {
@@ -153,6 +158,37 @@ void verify_model_across_ranks(ProcessGroup& pg, const ModelDescription& model) 
   const std::string problem = compare_descriptions(all);
   if (!problem.empty()) {
     throw MismatchError(problem + " (reported on rank " + std::to_string(pg.rank()) + ")");
+  }
+}
+
+void verify_parameters_agree(ProcessGroup& pg,
+                             const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                             int64_t iteration) {
+  const int64_t n = static_cast<int64_t>(parameters.size());
+  at::Tensor sums = at::empty({n}, at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    for (int64_t i = 0; i < n; ++i) {
+      sums[i] = parameters[i].second.to(at::kDouble).sum().cpu();
+    }
+  }
+  const at::Tensor all = all_gather_host(pg, sums);  // [world, n]
+  const double* a = all.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int r = 1; r < pg.size(); ++r) {
+      const double mine = a[r * n + i];
+      const double ref = a[i];
+      if (mine == ref || (std::isnan(mine) && std::isnan(ref))) continue;
+      std::ostringstream os;
+      os.precision(17);
+      os << "DistributedDataParallel on rank " << pg.rank() << " of " << pg.size()
+         << " (DDP_DEBUG=detail): before iteration " << iteration << ", parameter '"
+         << parameters[i].first << "' has diverged: its checksum is " << mine << " on rank "
+         << r << " but " << ref << " on rank 0. The replicas no longer hold the same "
+         << "weights: a rank changed them outside the optimizer step, or ranks step "
+         << "different optimizers.";
+      throw MismatchError(os.str());
+    }
   }
 }
 

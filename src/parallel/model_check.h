@@ -28,6 +28,13 @@ struct ModelDescription {
 /// timeout.
 void verify_model_across_ranks(ProcessGroup& pg, const ModelDescription& model);
 
+/// Debug mode, every few iterations: the parameters' values are the same on every rank
+/// (a float64 sum per parameter, compared with rank 0's). Throws MismatchError on every
+/// rank naming the first parameter that diverged and the rank it diverged on.
+void verify_parameters_agree(ProcessGroup& pg,
+                             const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                             int64_t iteration);
+
 /// The text one rank contributes (exposed for tests).
 std::string describe_model(const ModelDescription& model);
 

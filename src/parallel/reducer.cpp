@@ -136,6 +136,7 @@ void Reducer::maybe_rebuild_buckets() {
   for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(data[k]);
   install_buckets(assign_buckets(specs_, agreed, options_.first_bucket_cap_bytes,
                                  options_.bucket_cap_bytes));
+  if (comm_of(*pg_).config().debug_detail) check_buckets_agree();
 }
 
 void Reducer::after_forward(const std::vector<at::Tensor>& outputs,

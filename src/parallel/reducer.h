@@ -203,6 +203,8 @@ class Reducer final : public OutputListener {
   [[noreturn]] void fail_static_graph_changed(size_t index, int calls) const;
   [[noreturn]] void fail_parameter_changed(size_t index) const;
   [[noreturn]] void fail_unknown_output(const char* type) const;
+  /// Debug mode: the rebuilt bucket assignment is the same on every rank.
+  void check_buckets_agree();
 
   // Fixed at construction.
   std::weak_ptr<Reducer> self_;

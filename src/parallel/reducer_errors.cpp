@@ -149,5 +149,22 @@ void Reducer::fail_static_graph_changed(size_t index, int calls) const {
       "instead of static_graph for graphs that change."));
 }
 
+void Reducer::check_buckets_agree() {
+  std::string mine;
+  for (const auto& bucket : assignment_) {
+    for (size_t i : bucket) mine += std::to_string(i) + ",";
+    mine += ";";
+  }
+  const std::vector<std::string> all = pg_->all_gather_bytes(mine);
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    throw MismatchError("DistributedDataParallel" + where() + " (DDP_DEBUG=detail): after the "
+                        "bucket rebuild, rank " + std::to_string(r) + " has the bucket "
+                        "assignment '" + all[r] + "' while rank 0 has '" + all[0] + "' "
+                        "(parameter indices per bucket). Ranks must wrap the same model "
+                        "with the same options.");
+  }
+}
+
 } // namespace detail
 } // namespace ddp

@@ -59,6 +59,11 @@ std::string failure_summary(const Options& o, const FailureInfo& f, const std::s
     for (const auto& line : f.last_stderr) s << "  " << line << "\n";
   }
   if (!f.log_file.empty()) s << "  full stderr: " << f.log_file << "\n";
+  if (!f.flight_recorder_files.empty()) {
+    s << "flight recorder (the last collectives of each rank that wrote one):\n";
+    for (const auto& file : f.flight_recorder_files) s << "  " << file << "\n";
+    s << "  line them up: python3 tools/flight_recorder.py " << f.flight_recorder_dir << "\n";
+  }
   s << thin << "\n";
   if (others_stopped > 0)
     s << "stopped the other " << others_stopped << " worker(s) with SIGTERM"

@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "options.h"
 
@@ -18,6 +19,8 @@ struct FailureInfo {
   std::string time;                  // wall clock when ddprun saw it
   std::deque<std::string> last_stderr;
   std::string log_file;              // where the full stderr went, if anywhere
+  std::string flight_recorder_dir;   // the workers' flight recorder files, if any
+  std::vector<std::string> flight_recorder_files;
 };
 
 std::string wall_clock_now();

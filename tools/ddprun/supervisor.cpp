@@ -199,6 +199,17 @@ void Supervisor::finish_attempt() {
   }
   out_.clear();  // flushes any last partial lines
   err_.clear();
+  const char* user_flight_dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
+  const std::string flight_dir =
+      !flight_dir_.empty() ? flight_dir_ : (user_flight_dir ? user_flight_dir : "");
+  if (failure_ && !flight_dir.empty()) {
+    failure_->flight_recorder_dir = flight_dir;
+    failure_->flight_recorder_files = flight_recorder_files(flight_dir);
+  }
+  if (!flight_dir_.empty() && (!failure_ || failure_->flight_recorder_files.empty())) {
+    remove_tree(flight_dir_);
+  }
+  flight_dir_.clear();
   remove_tree(rendezvous_dir_);
   rendezvous_dir_.clear();
   workers_.clear();  // their ids may be reused by now

@@ -48,6 +48,7 @@ class Supervisor {
   int attempt_ = -1;
   std::string run_id_;
   std::string rendezvous_dir_;
+  std::string flight_dir_;     // this attempt's flight recorder folder, if ddprun made it
   std::string log_root_;
   std::vector<Worker> workers_;
   std::vector<std::unique_ptr<LineStream>> out_, err_;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -24,7 +25,7 @@ void Supervisor::start_attempt(int attempt) {
   killed_ = false;
   drain_until_ = 0;
   workers_.clear();
-  AttemptInfo info{attempt, run_id_, "", omp_threads_};
+  AttemptInfo info{attempt, run_id_, "", omp_threads_, ""};
   if (!o_.multi_host()) {
     std::string error;
     rendezvous_dir_ = info.rendezvous_dir = make_rendezvous_dir(run_id_, attempt, error);
@@ -33,6 +34,16 @@ void Supervisor::start_attempt(int attempt) {
       coord_.local_abort(1, error);
       return;
     }
+  }
+  // Note [Flight recorder] (src/core/flight_recorder.h): workers write their last
+  // collectives here when one fails, and at exit; kept only if the attempt fails.
+  const char* user_flight_dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
+  if (user_flight_dir == nullptr || *user_flight_dir == '\0') {
+    std::string error;
+    flight_dir_ = info.flight_recorder_dir =
+        make_rendezvous_dir("flight-" + run_id_, attempt, error);
+  } else {
+    flight_dir_.clear();
   }
   std::string log_dir;
   if (o_.redirect | o_.tee) {

@@ -3,6 +3,7 @@
 #include "options.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <glob.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -149,6 +151,27 @@ static int remove_entry(const char* path, const struct stat*, int, struct FTW*) 
 
 void remove_tree(const std::string& path) {
   if (!path.empty()) nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+std::vector<std::string> flight_recorder_files(const std::string& dir) {
+  std::vector<std::pair<int, std::string>> found;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return {};
+  const std::string prefix = "flight_recorder.rank", suffix = ".json";
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(std::stoi(rank), dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
 }
 
 bool make_dirs(const std::string& path, int mode) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ddprun {
 
@@ -24,6 +25,9 @@ std::string find_program(const std::string& program, std::string& why, int& exit
 
 // Removes a folder and everything in it; errors are ignored.
 void remove_tree(const std::string& path);
+
+// The flight recorder files (flight_recorder.rank<r>.json) in `dir`, sorted by rank.
+std::vector<std::string> flight_recorder_files(const std::string& dir);
 
 // Creates a folder and its missing parents; returns false with errno set.
 bool make_dirs(const std::string& path, int mode = 0755);

@@ -35,6 +35,7 @@ std::vector<std::string> worker_environment(const Options& o, int local_rank, co
   };
   if (!a.rendezvous_dir.empty()) set["DDP_RENDEZVOUS_DIR"] = a.rendezvous_dir;
   if (!a.omp_threads.empty()) set["OMP_NUM_THREADS"] = a.omp_threads;
+  if (!a.flight_recorder_dir.empty()) set["DDP_FLIGHT_RECORDER_DIR"] = a.flight_recorder_dir;
 
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {

@@ -5,9 +5,10 @@
 
 #include <iostream>
 
-int main() {
+int main() try {
   // Join the other processes (ddprun says who and where); gloo on CPU, nccl on GPUs.
-  ddp::init_process_group();
+  // The guard leaves the group at the end, also when an error unwinds.
+  ddp::ProcessGroupGuard group;
   const int rank = ddp::get_rank();
   const torch::Device device = ddp::get_device();  // cuda:<local rank>, or the CPU
 
@@ -29,6 +30,12 @@ int main() {
     if (rank == 0 && step % 10 == 0)
       std::cout << "step " << step << "  loss " << loss.item<float>() << std::endl;
   }
-
-  ddp::destroy_process_group();
+  ddp::destroy_process_group();  // the guard would also do it
+  return 0;
+} catch (const c10::Error& e) {  // a mistake in the program or its launch
+  std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+  return 1;
+} catch (const std::exception& e) {  // a peer that died or hung: ddp::TimeoutError, ...
+  std::cerr << "error: " << e.what() << std::endl;
+  return 1;
 }

@@ -21,6 +21,7 @@
 // cannot reach compiled code of ours. What must match, and does, is the c10d side:
 // the class layouts and signatures come from pip torch's own headers.
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "core/store_wait.h"
 #include "core/traced_comm.h"
@@ -202,11 +203,11 @@ class C10dComm final : public Comm {
 
  private:
   PG* pg() {
-    TORCH_CHECK(pg_, "process group of ", where(*config_), " was already shut down");
+    DDP_CHECK(pg_, "process group of ", where(*config_), " was already shut down");
     return pg_.get();
   }
   c10d::Store* store() {
-    TORCH_CHECK(store_, "process group of ", where(*config_), " was already shut down");
+    DDP_CHECK(store_, "process group of ", where(*config_), " was already shut down");
     return store_.get();
   }
 
@@ -354,9 +355,9 @@ std::unique_ptr<Comm> make_nccl(const CommConfig& c,
   check_nccl_runtime(c.rank);
   // Lesson step 4: one process, one GPU, chosen by local rank.
   const int devices = c10::cuda::device_count();
-  TORCH_CHECK(c.local_rank < devices, "backend \"nccl\": rank ", c.rank, " has local rank ",
-              c.local_rank, " but only ", devices, " CUDA device(s) are visible. Start at most ",
-              devices, " processes per host (ddprun --nproc-per-node gpu), or use \"gloo\".");
+  DDP_CHECK(c.local_rank < devices, "backend \"nccl\": rank ", c.rank, " has local rank ",
+            c.local_rank, " but only ", devices, " CUDA device(s) are visible. Start at most ",
+            devices, " processes per host (ddprun --nproc-per-node gpu), or use \"gloo\".");
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(c.local_rank));
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = c.timeout;
@@ -399,16 +400,16 @@ void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensor
     if (!tensors[i].defined()) continue;  // the backend names that itself
     const c10::Device d = tensors[i].device();
     if (C10_UNLIKELY(!accepts(d))) {
-      TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
-                  ", but this group's collectives take tensors on ", device(),
-                  config_->backend == "nccl" ? " (the \"nccl\" backend reads only the GPU "
+      DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
+                ", but this group's collectives take tensors on ", device(),
+                config_->backend == "nccl" ? " (the \"nccl\" backend reads only the GPU "
                                                "of this rank's local rank)" : "",
-                  ". Move it first, e.g. t.to(pg.device()).");
+                ". Move it first, e.g. t.to(pg.device()).");
     }
     if (C10_UNLIKELY(i > 0 && tensors[0].defined() && d != tensors[0].device())) {
-      TORCH_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
-                  " but tensor 0 is on ", tensors[0].device(), "; one collective takes "
-                  "tensors of one device.");
+      DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
+                " but tensor 0 is on ", tensors[0].device(), "; one collective takes "
+                "tensors of one device.");
     }
   }
 }

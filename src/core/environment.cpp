@@ -2,6 +2,7 @@
 // Open MPI's. Every malformed value is an error that names the variable.
 
 #include "core/rendezvous.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 
@@ -27,12 +28,12 @@ std::optional<int> env_int(const char* name) {
   const bool numeric = end != s->c_str() && *end == '\0' && errno == 0 &&
                        v <= std::numeric_limits<int>::max() &&
                        v >= std::numeric_limits<int>::min();
-  TORCH_CHECK(numeric, "environment variable ", name,
-              " must be a non-negative integer, but got '", *s,
-              "'. Fix or unset it, or launch with ddprun, which sets it.");
-  TORCH_CHECK(v >= 0, "environment variable ", name,
-              " must be a non-negative integer, but got ", v,
-              ". Fix or unset it, or launch with ddprun, which sets it.");
+  DDP_CHECK(numeric, "environment variable ", name,
+            " must be a non-negative integer, but got '", *s,
+            "'. Fix or unset it, or launch with ddprun, which sets it.");
+  DDP_CHECK(v >= 0, "environment variable ", name,
+            " must be a non-negative integer, but got ", v,
+            ". Fix or unset it, or launch with ddprun, which sets it.");
   return static_cast<int>(v);
 }
 
@@ -64,14 +65,14 @@ RankInfo rank_info_from_env() {
     auto rank = env_int(n.rank);
     auto world = env_int(n.world_size);
     if (!rank && !world) continue;
-    TORCH_CHECK(rank && world, "found ", rank ? n.rank : n.world_size, " but not ",
-                rank ? n.world_size : n.rank, " in the environment (", n.source,
-                " variables): both are needed. Set the missing one, or launch with ddprun.");
-    TORCH_CHECK(*world >= 1, n.world_size, " must be >= 1, but got ", *world, ".");
-    TORCH_CHECK(*rank < *world, n.rank, "=", *rank, " must be < ", n.world_size, "=", *world,
-                ": ranks are numbered 0..", *world - 1,
-                ". Fix the launch command so every process gets a distinct rank below the "
-                "world size.");
+    DDP_CHECK(rank && world, "found ", rank ? n.rank : n.world_size, " but not ",
+              rank ? n.world_size : n.rank, " in the environment (", n.source,
+              " variables): both are needed. Set the missing one, or launch with ddprun.");
+    DDP_CHECK(*world >= 1, n.world_size, " must be >= 1, but got ", *world, ".");
+    DDP_CHECK(*rank < *world, n.rank, "=", *rank, " must be < ", n.world_size, "=", *world,
+              ": ranks are numbered 0..", *world - 1,
+              ". Fix the launch command so every process gets a distinct rank below the "
+              "world size.");
     info.rank = *rank;
     info.world_size = *world;
     info.source = n.source;
@@ -80,12 +81,12 @@ RankInfo rank_info_from_env() {
     info.local_world_size = local_world ? *local_world : -1;
     info.local_rank = local_rank ? *local_rank : -1;
     if (local_world) {
-      TORCH_CHECK(*local_world >= 1 && *local_world <= *world, n.local_world_size, "=",
-                  *local_world, " must be between 1 and ", n.world_size, "=", *world, ".");
+      DDP_CHECK(*local_world >= 1 && *local_world <= *world, n.local_world_size, "=",
+                *local_world, " must be between 1 and ", n.world_size, "=", *world, ".");
     }
     if (local_rank && local_world) {
-      TORCH_CHECK(*local_rank < *local_world, n.local_rank, "=", *local_rank, " must be < ",
-                  n.local_world_size, "=", *local_world, ".");
+      DDP_CHECK(*local_rank < *local_world, n.local_rank, "=", *local_rank, " must be < ",
+                n.local_world_size, "=", *local_world, ".");
     }
     return info;
   }

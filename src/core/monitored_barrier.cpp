@@ -9,6 +9,7 @@
 #include <ddp/errors.h>
 #include <ddp/process_group.h>
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "core/store_wait.h"
 
@@ -35,8 +36,8 @@ std::vector<int> parse_ranks(const std::string& text) {
 
 void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks) {
   (void)wait_all_ranks;  // every late rank is always named: the store shows them all at once
-  TORCH_CHECK(timeout.count() > 0, "monitored_barrier timeout must be > 0 ms, but got ",
-              timeout.count(), " (rank ", rank(), ")");
+  DDP_CHECK(timeout.count() > 0, "monitored_barrier timeout must be > 0 ms, but got ",
+            timeout.count(), " (rank ", rank(), ")");
   if (size() == 1) return;
   detail::Comm& c = comm();
   const uint64_t n = c.next_monitored_barrier();

@@ -2,6 +2,7 @@
 
 #include <ddp/errors.h>
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "core/rendezvous.h"
 
@@ -21,12 +22,12 @@ struct Work::State {
 };
 
 void Work::wait() {
-  TORCH_CHECK(state_, "wait() on an empty ddp::Work");
+  DDP_CHECK(state_, "wait() on an empty ddp::Work");
   state_->pending->wait();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> Work::future() {
-  TORCH_CHECK(state_, "future() on an empty ddp::Work");
+  DDP_CHECK(state_, "future() on an empty ddp::Work");
   return state_->pending->future();
 }
 
@@ -51,8 +52,8 @@ ProcessGroup::~ProcessGroup() {
 }
 
 detail::Comm& ProcessGroup::comm() const {
-  TORCH_CHECK(comm_, "this process group was shut down (destroy_process_group); create a "
-              "new one with init_process_group before using collectives.");
+  DDP_CHECK(comm_, "this process group was shut down (destroy_process_group); create a "
+            "new one with init_process_group before using collectives.");
   return *comm_;
 }
 
@@ -68,18 +69,18 @@ c10::Device ProcessGroup::device() const { return comm().device(); }
 void ProcessGroup::barrier() { comm().barrier(); }
 
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  TORCH_CHECK(tensor.defined(), "all_reduce got an undefined tensor on rank ", rank());
-  TORCH_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()),
-              "all_reduce with AVG needs a floating-point tensor, but got ",
-              tensor.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
+  DDP_CHECK(tensor.defined(), "all_reduce got an undefined tensor on rank ", rank());
+  DDP_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()),
+            "all_reduce with AVG needs a floating-point tensor, but got ",
+            tensor.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
   std::vector<at::Tensor> tensors{tensor};
   comm().all_reduce(tensors, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
   if (op == ReduceOp::AVG && size() > 1) tensor.div_(size());
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int src) {
-  TORCH_CHECK(src >= 0 && src < size(), "broadcast src must be in 0..", size() - 1,
-              ", but got ", src);
+  DDP_CHECK(src >= 0 && src < size(), "broadcast src must be in 0..", size() - 1,
+            ", but got ", src);
   std::vector<at::Tensor> tensors{tensor};
   comm().broadcast(tensors, src)->wait();
 }
@@ -177,10 +178,10 @@ bool is_gloo_available() { return true; }
 
 void init_process_group(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(!g_default, "init_process_group was called twice: the default process group "
-              "(rank ", g_default ? g_default->rank() : -1,
-              ") is already initialised. Call destroy_process_group first, or use "
-              "ddp::ProcessGroup::create for a second group.");
+  DDP_CHECK(!g_default, "init_process_group was called twice: the default process group "
+            "(rank ", g_default ? g_default->rank() : -1,
+            ") is already initialised. Call destroy_process_group first, or use "
+            "ddp::ProcessGroup::create for a second group.");
   g_default = ProcessGroup::create(options);
 }
 
@@ -193,8 +194,8 @@ void destroy_process_group() {
   std::shared_ptr<ProcessGroup> pg;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    TORCH_CHECK(g_default, "destroy_process_group called, but no default process group is "
-                "initialised (never initialised, or already destroyed).");
+    DDP_CHECK(g_default, "destroy_process_group called, but no default process group is "
+              "initialised (never initialised, or already destroyed).");
     pg = std::move(g_default);
   }
   pg->shutdown();
@@ -202,8 +203,8 @@ void destroy_process_group() {
 
 std::shared_ptr<ProcessGroup> default_group() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(g_default, "the default process group is not initialised: call "
-              "ddp::init_process_group() first (and not after destroy_process_group()).");
+  DDP_CHECK(g_default, "the default process group is not initialised: call "
+            "ddp::init_process_group() first (and not after destroy_process_group()).");
   return g_default;
 }
 

@@ -14,6 +14,7 @@
 // (see the README's security note) and bind Gloo to the interface that reaches
 // MASTER_ADDR (or GLOO_SOCKET_IFNAME).
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "core/rendezvous.h"
 
@@ -49,17 +50,17 @@ bool is_loopback(const std::string& host) {
 // Creates dir (mode 0700) if needed and checks that only we can use it.
 void ensure_private_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    TORCH_CHECK(false, "could not create the rendezvous directory ", dir, ": ",
-                std::strerror(errno), ". Set TMPDIR to a writable directory.");
+    DDP_CHECK(false, "could not create the rendezvous directory ", dir, ": ",
+              std::strerror(errno), ". Set TMPDIR to a writable directory.");
   }
   struct stat st {};
-  TORCH_CHECK(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous path ", dir,
-              " is not a directory. Remove it, or set TMPDIR elsewhere.");
-  TORCH_CHECK(st.st_uid == ::getuid() && (st.st_mode & 077) == 0,
-              "rendezvous directory ", dir, " must be private (owned by uid ", ::getuid(),
-              ", mode 0700), but it is owned by uid ", st.st_uid, " with mode ",
-              (st.st_mode & 0777), ". Another user may be able to join this group; remove "
-              "the directory or set TMPDIR elsewhere.");
+  DDP_CHECK(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous path ", dir,
+            " is not a directory. Remove it, or set TMPDIR elsewhere.");
+  DDP_CHECK(st.st_uid == ::getuid() && (st.st_mode & 077) == 0,
+            "rendezvous directory ", dir, " must be private (owned by uid ", ::getuid(),
+            ", mode 0700), but it is owned by uid ", st.st_uid, " with mode ",
+            (st.st_mode & 0777), ". Another user may be able to join this group; remove "
+            "the directory or set TMPDIR elsewhere.");
 }
 
 bool pid_alive(long pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
@@ -75,10 +76,10 @@ std::string shared_store_path(const std::string& dir, int rank,
     {
       std::ofstream out(tmp, std::ios::trunc);
       out << ::getpid() << ' ' << name << '\n';
-      TORCH_CHECK(out.good(), "could not write ", tmp, ": ", std::strerror(errno));
+      DDP_CHECK(out.good(), "could not write ", tmp, ": ", std::strerror(errno));
     }
-    TORCH_CHECK(::rename(tmp.c_str(), pointer.c_str()) == 0, "could not publish ", pointer,
-                ": ", std::strerror(errno));
+    DDP_CHECK(::rename(tmp.c_str(), pointer.c_str()) == 0, "could not publish ", pointer,
+              ": ", std::strerror(errno));
     return name;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -130,8 +131,8 @@ std::string tmp_root() {
 void parse_host_port(const std::string& spec, const std::string& what, std::string& host,
                      int& port) {
   const auto colon = spec.rfind(':');
-  TORCH_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(), what,
-              " must look like host:port, but got '", spec, "'.");
+  DDP_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size(), what,
+            " must look like host:port, but got '", spec, "'.");
   host = spec.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -139,8 +140,8 @@ void parse_host_port(const std::string& spec, const std::string& what, std::stri
   const std::string p = spec.substr(colon + 1);
   char* end = nullptr;
   const long v = std::strtol(p.c_str(), &end, 10);
-  TORCH_CHECK(*end == '\0' && v > 0 && v < 65536, "the port in ", what,
-              " must be a number in 1..65535, but got '", p, "'.");
+  DDP_CHECK(*end == '\0' && v > 0 && v < 65536, "the port in ", what,
+            " must be a number in 1..65535, but got '", p, "'.");
   port = static_cast<int>(v);
 }
 
@@ -149,13 +150,13 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
   std::string debug = o.debug();
   if (debug.empty()) debug = env_string("DDP_DEBUG").value_or("off");
   for (char& ch : debug) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  TORCH_CHECK(debug == "off" || debug == "detail", "debug mode must be \"off\" or "
-              "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
+  DDP_CHECK(debug == "off" || debug == "detail", "debug mode must be \"off\" or "
+            "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
   c.debug_detail = debug == "detail";
   if (auto n = env_int("DDP_FLIGHT_RECORDER_SIZE")) c.flight_recorder_entries = *n;
   if (auto k = env_int("DDP_DEBUG_CHECK_EVERY")) {
-    TORCH_CHECK(*k > 0, "DDP_DEBUG_CHECK_EVERY must be >= 1 (iterations between DDP's "
-                "parameter checksums in debug mode), but got ", *k, ".");
+    DDP_CHECK(*k > 0, "DDP_DEBUG_CHECK_EVERY must be >= 1 (iterations between DDP's "
+              "parameter checksums in debug mode), but got ", *k, ".");
     c.debug_check_every = *k;
   }
   c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
@@ -167,40 +168,40 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   CommConfig c;
   c.timeout = o.timeout();
   c.init_method = o.init_method();
-  TORCH_CHECK(o.timeout().count() > 0, "timeout must be > 0 ms, but got ", o.timeout().count());
+  DDP_CHECK(o.timeout().count() > 0, "timeout must be > 0 ms, but got ", o.timeout().count());
 
   // Backend.
   c.backend = o.backend();
   if (c.backend.empty()) c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
-  TORCH_CHECK(c.backend == "gloo" || c.backend == "nccl", "backend must be \"gloo\" or "
-              "\"nccl\", but got \"", c.backend, "\".");
-  TORCH_CHECK(c.backend != "nccl" || nccl_compiled(),
-              "backend \"nccl\" is not available: this ddp-cpp was built against a "
-              "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
-              "against a CUDA LibTorch 2.x, e.g. -DCMAKE_PREFIX_PATH=$(python3 -c 'import "
-              "torch; print(torch.utils.cmake_prefix_path)') (see docs/gpu.md).");
+  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl", "backend must be \"gloo\" or "
+            "\"nccl\", but got \"", c.backend, "\".");
+  DDP_CHECK(c.backend != "nccl" || nccl_compiled(),
+            "backend \"nccl\" is not available: this ddp-cpp was built against a "
+            "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
+            "against a CUDA LibTorch 2.x, e.g. -DCMAKE_PREFIX_PATH=$(python3 -c 'import "
+            "torch; print(torch.utils.cmake_prefix_path)') (see docs/gpu.md).");
 
   // Who we are: options win over the environment.
   RankInfo env = rank_info_from_env();
   const bool from_env = env.source != "none";
   c.rank = o.rank() >= 0 ? o.rank() : env.rank;
   c.world_size = o.world_size() >= 0 ? o.world_size() : env.world_size;
-  TORCH_CHECK(o.rank() >= -1 && o.world_size() >= -1, "rank and world_size must be >= 0 "
-              "(or -1 to read the environment), but got rank=", o.rank(), ", world_size=",
-              o.world_size(), ".");
-  TORCH_CHECK(from_env || (o.rank() >= 0 && o.world_size() >= 0),
-              "init_method ", c.init_method, " needs this process's rank and the world "
-              "size, but neither InitOptions nor the environment (RANK/WORLD_SIZE, "
-              "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) gives "
-              "them. Launch with ddprun, or set InitOptions().rank(r).world_size(n).");
-  TORCH_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
-  TORCH_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ",
-              c.world_size, ": ranks are numbered 0..", c.world_size - 1, ".");
-  TORCH_CHECK(c.backend != "nccl" || cuda_available(),
-              "backend \"nccl\" needs a CUDA GPU, but rank ", c.rank, " sees none (",
-              "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
-              "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
-              "backend to choose by what is there.");
+  DDP_CHECK(o.rank() >= -1 && o.world_size() >= -1, "rank and world_size must be >= 0 "
+            "(or -1 to read the environment), but got rank=", o.rank(), ", world_size=",
+            o.world_size(), ".");
+  DDP_CHECK(from_env || (o.rank() >= 0 && o.world_size() >= 0),
+            "init_method ", c.init_method, " needs this process's rank and the world "
+            "size, but neither InitOptions nor the environment (RANK/WORLD_SIZE, "
+            "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) gives "
+            "them. Launch with ddprun, or set InitOptions().rank(r).world_size(n).");
+  DDP_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
+  DDP_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ",
+            c.world_size, ": ranks are numbered 0..", c.world_size - 1, ".");
+  DDP_CHECK(c.backend != "nccl" || cuda_available(),
+            "backend \"nccl\" needs a CUDA GPU, but rank ", c.rank, " sees none (",
+            "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
+            "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
+            "backend to choose by what is there.");
   c.local_world_size = env.local_world_size > 0 ? env.local_world_size : -1;
   c.local_rank = o.local_rank() >= 0 ? o.local_rank() : env.local_rank;
 
@@ -208,8 +209,8 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   if (m.rfind("file://", 0) == 0) {
     c.store = CommConfig::StoreKind::kFile;
     c.store_path = m.substr(7);
-    TORCH_CHECK(!c.store_path.empty() && c.store_path[0] == '/', "init_method file:// needs "
-                "an absolute path (file:///dir/store), but got '", m, "'.");
+    DDP_CHECK(!c.store_path.empty() && c.store_path[0] == '/', "init_method file:// needs "
+              "an absolute path (file:///dir/store), but got '", m, "'.");
     c.gloo_address = "127.0.0.1";
   } else if (m.rfind("tcp://", 0) == 0) {
     c.store = CommConfig::StoreKind::kTcp;
@@ -228,9 +229,9 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.store_path = *dir + "/store";
       c.gloo_address = "127.0.0.1";
     } else if (one_host) {
-      TORCH_CHECK(port, "env:// needs MASTER_PORT to tell this run's ranks apart, but it is "
-                  "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
-                  "rank), or launch with ddprun.");
+      DDP_CHECK(port, "env:// needs MASTER_PORT to tell this run's ranks apart, but it is "
+                "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
+                "rank), or launch with ddprun.");
       const std::string root = tmp_root() + "/ddp-" + std::to_string(::getuid());
       const std::string sub =
           root + "/" + (addr ? *addr : std::string("127.0.0.1")) + "-" + std::to_string(*port);
@@ -240,21 +241,21 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.store_path = shared_store_path(sub, c.rank, c.timeout);
       c.gloo_address = "127.0.0.1";
     } else {
-      TORCH_CHECK(addr, "MASTER_ADDR is not set, but this is a multi-host run (",
-                  c.world_size, " ranks, LOCAL_WORLD_SIZE ",
-                  c.local_world_size > 0 ? std::to_string(c.local_world_size) : "unset",
-                  "). Set MASTER_ADDR to the address of rank 0's host on every rank (ddprun "
-                  "--master-addr does this); for a single-host run set LOCAL_WORLD_SIZE = "
-                  "WORLD_SIZE or MASTER_ADDR=127.0.0.1.");
-      TORCH_CHECK(port, "MASTER_PORT is not set. Set it to a free port on rank 0's host, "
-                  "the same on every rank (ddprun --master-port does this).");
+      DDP_CHECK(addr, "MASTER_ADDR is not set, but this is a multi-host run (",
+                c.world_size, " ranks, LOCAL_WORLD_SIZE ",
+                c.local_world_size > 0 ? std::to_string(c.local_world_size) : "unset",
+                "). Set MASTER_ADDR to the address of rank 0's host on every rank (ddprun "
+                "--master-addr does this); for a single-host run set LOCAL_WORLD_SIZE = "
+                "WORLD_SIZE or MASTER_ADDR=127.0.0.1.");
+      DDP_CHECK(port, "MASTER_PORT is not set. Set it to a free port on rank 0's host, "
+                "the same on every rank (ddprun --master-port does this).");
       c.store = CommConfig::StoreKind::kTcp;
       c.master_addr = *addr;
       c.master_port = *port;
     }
   } else {
-    TORCH_CHECK(false, "init_method must start with env://, tcp:// or file://, but got '", m,
-                "'.");
+    DDP_CHECK(false, "init_method must start with env://, tcp:// or file://, but got '", m,
+              "'.");
   }
 
   if (c.store == CommConfig::StoreKind::kTcp) {

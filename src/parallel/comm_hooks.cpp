@@ -1,6 +1,7 @@
 #include <ddp/comm_hooks.h>
 
 #include "parallel/bucket.h"
+#include "core/check.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>
@@ -71,7 +72,7 @@ c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
 } // namespace
 
 std::shared_ptr<CommHook> make_comm_hook(CommHookFn fn, std::string name) {
-  TORCH_CHECK(fn, "make_comm_hook got an empty function");
+  DDP_CHECK(fn, "make_comm_hook got an empty function");
   return std::make_shared<FunctionHook>(std::move(fn), std::move(name));
 }
 

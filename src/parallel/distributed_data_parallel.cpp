@@ -2,6 +2,7 @@
 
 #include <ddp/errors.h>
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "parallel/bucket_assignment.h"
 #include "parallel/clock.h"
@@ -47,26 +48,26 @@ namespace {
 
 std::shared_ptr<ProcessGroup> resolve_group(const DistributedDataParallelOptions& options) {
   if (options.process_group()) return options.process_group();
-  TORCH_CHECK(is_initialized(), "DistributedDataParallel needs a process group, but the "
-              "default one is not initialised and DistributedDataParallelOptions::"
-              "process_group is not set. Call ddp::init_process_group() (or create a "
-              "ddp::ProcessGroupGuard) before constructing DistributedDataParallel, or pass "
-              "a group with DistributedDataParallelOptions().process_group(pg).");
+  DDP_CHECK(is_initialized(), "DistributedDataParallel needs a process group, but the "
+            "default one is not initialised and DistributedDataParallelOptions::"
+            "process_group is not set. Call ddp::init_process_group() (or create a "
+            "ddp::ProcessGroupGuard) before constructing DistributedDataParallel, or pass "
+            "a group with DistributedDataParallelOptions().process_group(pg).");
   return default_group();
 }
 
 void validate(const DistributedDataParallelOptions& o, int rank) {
-  TORCH_CHECK(std::isfinite(o.bucket_cap_mb()) && o.bucket_cap_mb() > 0,
-              "DistributedDataParallelOptions::bucket_cap_mb must be > 0, but got ",
-              o.bucket_cap_mb(), " (rank ", rank, ")");
-  TORCH_CHECK(o.device_ids().size() <= 1, "DistributedDataParallelOptions::device_ids must "
-              "name at most one device (this process's), but got ", o.device_ids().size(),
-              " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank,
-              "). DDP drives one device per process: pass {local_rank}, or leave it empty for "
-              "a CPU module.");
+  DDP_CHECK(std::isfinite(o.bucket_cap_mb()) && o.bucket_cap_mb() > 0,
+            "DistributedDataParallelOptions::bucket_cap_mb must be > 0, but got ",
+            o.bucket_cap_mb(), " (rank ", rank, ")");
+  DDP_CHECK(o.device_ids().size() <= 1, "DistributedDataParallelOptions::device_ids must "
+            "name at most one device (this process's), but got ", o.device_ids().size(),
+            " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank,
+            "). DDP drives one device per process: pass {local_rank}, or leave it empty for "
+            "a CPU module.");
   for (int64_t id : o.device_ids()) {
-    TORCH_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ",
-                id, " (rank ", rank, ")");
+    DDP_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ",
+              id, " (rank ", rank, ")");
   }
 }
 
@@ -74,20 +75,20 @@ void check_device(const DistributedDataParallelOptions& o, const std::string& na
                   const at::Tensor& p, int rank) {
   if (o.device_ids().empty()) return;
   const int64_t id = o.device_ids()[0];
-  TORCH_CHECK(!p.device().is_cpu() && p.device().index() == id, "DistributedDataParallel "
-              "on rank ", rank, ": device_ids is {", id, "}, but parameter '", name,
-              "' is on ", p.device(), ". DDP does not move the module: move it first "
-              "(model->to(device)), or leave device_ids empty for a CPU module.");
+  DDP_CHECK(!p.device().is_cpu() && p.device().index() == id, "DistributedDataParallel "
+            "on rank ", rank, ": device_ids is {", id, "}, but parameter '", name,
+            "' is on ", p.device(), ". DDP does not move the module: move it first "
+            "(model->to(device)), or leave device_ids empty for a CPU module.");
 }
 
 // What DDP cannot reduce is refused here, on every rank, before any collective.
 void check_leaf(const std::string& name, const at::Tensor& p, const std::string& where) {
-  TORCH_CHECK(p.is_leaf(), "DistributedDataParallel ", where, ": parameter '", name,
-              "' is not a leaf tensor: it was computed by ",
-              p.grad_fn() ? p.grad_fn()->name() : std::string("an operation"),
-              ", so autograd never accumulates a gradient into it and DDP cannot average "
-              "one. Register a leaf instead (e.g. register_parameter(name, t.detach()) and "
-              "compute the derived tensor inside forward).");
+  DDP_CHECK(p.is_leaf(), "DistributedDataParallel ", where, ": parameter '", name,
+            "' is not a leaf tensor: it was computed by ",
+            p.grad_fn() ? p.grad_fn()->name() : std::string("an operation"),
+            ", so autograd never accumulates a gradient into it and DDP cannot average "
+            "one. Register a leaf instead (e.g. register_parameter(name, t.detach()) and "
+            "compute the derived tensor inside forward).");
 }
 
 // Embedding and EmbeddingBag with sparse=true produce sparse gradients, which DDP does
@@ -102,10 +103,10 @@ void check_no_sparse_gradients(torch::nn::Module& module, const std::string& whe
     }
     if (weight == nullptr || !weight->defined() || !weight->requires_grad()) continue;
     const std::string name = item.key().empty() ? "weight" : item.key() + ".weight";
-    TORCH_CHECK(false, "DistributedDataParallel ", where, ": parameter '", name,
-                "' belongs to an embedding with sparse=true, whose gradients are sparse; "
-                "DDP averages dense gradients only. Construct the embedding with "
-                "sparse(false), or freeze it (requires_grad(false)) before wrapping.");
+    DDP_CHECK(false, "DistributedDataParallel ", where, ": parameter '", name,
+              "' belongs to an embedding with sparse=true, whose gradients are sparse; "
+              "DDP averages dense gradients only. Construct the embedding with "
+              "sparse(false), or freeze it (requires_grad(false)) before wrapping.");
   }
 }
 
@@ -165,10 +166,10 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   s.named_parameters = description.parameters;
   s.debug = detail::comm_of(*s.pg).config().debug_detail && s.pg->size() > 1;
   s.debug_check_every = detail::comm_of(*s.pg).config().debug_check_every;
-  TORCH_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank, ": the wrapped "
-              "module has no parameters that require grad (", description.parameters.size(),
-              " parameters, all frozen or none at all), so there is nothing to average. "
-              "Train it without DDP, or set requires_grad(true) on the parameters to train.");
+  DDP_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank, ": the wrapped "
+            "module has no parameters that require grad (", description.parameters.size(),
+            " parameters, all frozen or none at all), so there is nothing to average. "
+            "Train it without DDP, or set requires_grad(true) on the parameters to train.");
   // Everyone starts from rank 0's weights and buffers.
   detail::broadcast_coalesced(*s.pg, state_tensors, /*src=*/0);
   s.state_tensors = std::move(state_tensors);
@@ -270,14 +271,14 @@ ProcessGroup& DistributedDataParallelBase::join_process_group() const { return *
 void DistributedDataParallelBase::join_enter(std::shared_ptr<detail::JoinContext> context,
                                              bool notifier) {
   State& s = *state_;
-  TORCH_CHECK(!s.join, "DistributedDataParallel on rank ", s.pg->rank(), " of ",
-              s.pg->size(), ": this model is already inside a ddp::join; joins do not nest.");
+  DDP_CHECK(!s.join, "DistributedDataParallel on rank ", s.pg->rank(), " of ",
+            s.pg->size(), ": this model is already inside a ddp::join; joins do not nest.");
   // A second model's forwards are not announced, and its buckets interleave with the
   // first one's in backward in an order a joined rank cannot reproduce.
-  TORCH_CHECK(notifier, "DistributedDataParallel on rank ", s.pg->rank(), " of ", s.pg->size(),
-              ": a DistributedDataParallel model must be the first participant of ddp::join, "
-              "and a join takes one such model. Wrap the models in one module and one "
-              "DistributedDataParallel.");
+  DDP_CHECK(notifier, "DistributedDataParallel on rank ", s.pg->rank(), " of ", s.pg->size(),
+            ": a DistributedDataParallel model must be the first participant of ddp::join, "
+            "and a join takes one such model. Wrap the models in one module and one "
+            "DistributedDataParallel.");
   s.join = std::move(context);
   s.join_notifier = notifier;
   s.shadowing = false;

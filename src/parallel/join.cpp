@@ -2,6 +2,7 @@
 
 #include <ddp/errors.h>
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "parallel/join_context.h"
 
@@ -86,21 +87,21 @@ int JoinContext::final_source(bool last_joiner) {
 
 void join(const std::vector<Joinable*>& participants, const std::function<void()>& body,
           const JoinOptions& options) {
-  TORCH_CHECK(!participants.empty(), "ddp::join needs at least one participant (a "
-              "DistributedDataParallel model), but got none.");
+  DDP_CHECK(!participants.empty(), "ddp::join needs at least one participant (a "
+            "DistributedDataParallel model), but got none.");
   for (size_t i = 0; i < participants.size(); ++i) {
-    TORCH_CHECK(participants[i] != nullptr, "ddp::join: participant #", i, " is null.");
+    DDP_CHECK(participants[i] != nullptr, "ddp::join: participant #", i, " is null.");
   }
-  TORCH_CHECK(body, "ddp::join: the loop body is empty.");
+  DDP_CHECK(body, "ddp::join: the loop body is empty.");
   if (!options.enable()) {
     body();
     return;
   }
   ProcessGroup& pg = participants[0]->join_process_group();
   for (size_t i = 1; i < participants.size(); ++i) {
-    TORCH_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ",
-                detail::where(pg), ": participant #", i, " runs on another process group "
-                "than participant #0; all participants of one join must share a group.");
+    DDP_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ",
+              detail::where(pg), ": participant #", i, " runs on another process group "
+              "than participant #0; all participants of one join must share a group.");
   }
 
   auto context = std::make_shared<detail::JoinContext>(pg, options);

@@ -1,4 +1,5 @@
 #include "parallel/reducer.h"
+#include "core/check.h"
 
 #include "core/comm.h"
 #include "parallel/graph_walk.h"
@@ -263,7 +264,7 @@ void Reducer::mark_ready(size_t index) {
   const Slot slot = slots_[index];
   Bucket& bucket = buckets_[slot.bucket];
   const at::Tensor& grad = params_[index].grad();
-  TORCH_CHECK(!grad.defined() || !grad.is_sparse(), "DistributedDataParallel", where(),
+  DDP_CHECK(!grad.defined() || !grad.is_sparse(), "DistributedDataParallel", where(),
               ": parameter '", names_[index], "' has a sparse gradient, which DDP does not "
               "reduce. Use a dense gradient (e.g. Embedding without sparse=true).");
   if (!local()) {
@@ -327,25 +328,25 @@ c10::intrusive_ptr<c10::ivalue::Future> Reducer::reduce_async(size_t b, at::Tens
                            bucket.offsets, *pg_);
     future = comm_hook_->run_hook(grad_bucket);
   }
-  TORCH_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
-              "' returned a null future for bucket ", b, "; a hook must return the future "
-              "of its reduction.");
+  DDP_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
+            "' returned a null future for bucket ", b, "; a hook must return the future "
+            "of its reduction.");
   return future;
 }
 
 // ---- configuration and queries ------------------------------------------------------
 
 void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
-  TORCH_CHECK(hook, "register_comm_hook got a null hook");
+  DDP_CHECK(hook, "register_comm_hook got a null hook");
   std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(!custom_hook_, "DistributedDataParallel", where(), ": a comm hook ('",
-              comm_hook_->name(), "') is already registered; register_comm_hook can be "
-              "called only once, before the first backward.");
-  TORCH_CHECK(num_reduced_ == 0 && iter_.phase != Phase::kReducing, "DistributedDataParallel",
-              where(), ": register_comm_hook('", hook->name(), "') must be called before "
-              "the first backward, but ", num_reduced_, " iteration(s) were already reduced "
-              "with '", comm_hook_->name(), "'. Register the hook right after constructing "
-              "DDP, on every rank.");
+  DDP_CHECK(!custom_hook_, "DistributedDataParallel", where(), ": a comm hook ('",
+            comm_hook_->name(), "') is already registered; register_comm_hook can be "
+            "called only once, before the first backward.");
+  DDP_CHECK(num_reduced_ == 0 && iter_.phase != Phase::kReducing, "DistributedDataParallel",
+            where(), ": register_comm_hook('", hook->name(), "') must be called before "
+            "the first backward, but ", num_reduced_, " iteration(s) were already reduced "
+            "with '", comm_hook_->name(), "'. Register the hook right after constructing "
+            "DDP, on every rank.");
   const bool was_local = local();
   comm_hook_ = std::move(hook);
   custom_hook_ = true;

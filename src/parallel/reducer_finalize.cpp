@@ -2,6 +2,7 @@
 // See Note [End-of-backward callback] in reducer.h.
 
 #include "parallel/reducer.h"
+#include "core/check.h"
 
 #include "core/comm.h"
 
@@ -157,7 +158,7 @@ at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
                                  : text + ". The process group is broken; recreate it.");
   }
   at::Tensor result = hook_result(future.value());
-  TORCH_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
+  DDP_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
               "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
               "' completed bucket ", b, " with ",
               result.defined() ? std::to_string(result.numel()) + " elements"

@@ -2,6 +2,7 @@
 // one reduced iteration on a rank that is out of inputs. See Note [Join rounds].
 
 #include "parallel/reducer.h"
+#include "core/check.h"
 
 #include <ATen/ATen.h>
 
@@ -13,11 +14,11 @@ bool Reducer::join_forward_syncs() {
   // Under join, the round of each forward tells the joined ranks whether a reduction
   // follows it; a second forward before that reduction would announce one that never
   // comes (or hide one), and the ranks would issue different collectives.
-  TORCH_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
-              ": inside ddp::join, a forward whose backward is reduced must be followed by "
-              "that backward before the next forward, but forward #", forwards_,
-              " has not been backwarded yet. Call backward on its loss first, or run the "
-              "extra forward without gradients (torch::NoGradGuard).");
+  DDP_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
+            ": inside ddp::join, a forward whose backward is reduced must be followed by "
+            "that backward before the next forward, but forward #", forwards_,
+            " has not been backwarded yet. Call backward on its loss first, or run the "
+            "extra forward without gradients (torch::NoGradGuard).");
   return no_sync_depth_ == 0;
 }
 
@@ -36,10 +37,10 @@ void Reducer::set_divisor_locked(int divisor) {
 void Reducer::begin_shadowing() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable();
-  TORCH_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
-              ": the body of ddp::join ended after a forward whose backward is reduced (#",
-              forwards_, ") but before that backward; the other ranks would wait for its "
-              "gradients. Run backward on every such forward inside the body.");
+  DDP_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
+            ": the body of ddp::join ended after a forward whose backward is reduced (#",
+            forwards_, ") but before that backward; the other ranks would wait for its "
+            "gradients. Run backward on every such forward inside the body.");
   // Gradients accumulated under no_sync stay in .grad(); only the bookkeeping of what
   // this rank used goes, so that the shadowed iterations count it as contributing zeros.
   reset_iteration();

@@ -7,6 +7,7 @@
 
 #include <ddp/errors.h>
 
+#include "core/check.h"
 #include "core/comm.h"
 #include "parallel/sync_batchnorm_ops.h"
 
@@ -28,13 +29,13 @@ SyncBatchNormImpl::SyncBatchNormImpl(SyncBatchNormOptions options_)
 
 SyncBatchNormImpl::SyncBatchNormImpl(SyncBatchNormOptions options_, SharedState state)
     : options(std::move(options_)) {
-  TORCH_CHECK(options.num_features() > 0, "SyncBatchNorm: num_features must be > 0, but got ",
-              options.num_features());
-  TORCH_CHECK(options.eps() >= 0, "SyncBatchNorm: eps must be >= 0, but got ", options.eps());
-  TORCH_CHECK(!options.momentum().has_value() ||
+  DDP_CHECK(options.num_features() > 0, "SyncBatchNorm: num_features must be > 0, but got ",
+            options.num_features());
+  DDP_CHECK(options.eps() >= 0, "SyncBatchNorm: eps must be >= 0, but got ", options.eps());
+  DDP_CHECK(!options.momentum().has_value() ||
                   (*options.momentum() >= 0 && *options.momentum() <= 1),
-              "SyncBatchNorm: momentum must be in [0, 1] or nullopt (cumulative average), "
-              "but got ", options.momentum().value_or(0));
+            "SyncBatchNorm: momentum must be in [0, 1] or nullopt (cumulative average), "
+            "but got ", options.momentum().value_or(0));
   const bool adopt = state.weight.defined() || state.running_mean.defined();
   if (adopt) adopted_ = std::make_shared<SharedState>(std::move(state));
   reset();
@@ -133,12 +134,12 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const std::string where = group ? " (rank " + std::to_string(group->rank()) + " of " +
                                         std::to_string(group->size()) + ")"
                                   : std::string();
-  TORCH_CHECK(input.dim() >= 2, "SyncBatchNorm", where, " expected an input of shape "
-              "(N, C, ...) with at least 2 dimensions, but got ", input.dim(),
-              "-D input of shape ", input.sizes());
-  TORCH_CHECK(input.size(1) == options.num_features(), "SyncBatchNorm", where, " expected ",
-              options.num_features(), " channels (num_features) in dimension 1 of its "
-              "input, but got ", input.size(1), " (input shape ", input.sizes(), ")");
+  DDP_CHECK(input.dim() >= 2, "SyncBatchNorm", where, " expected an input of shape "
+            "(N, C, ...) with at least 2 dimensions, but got ", input.dim(),
+            "-D input of shape ", input.sizes());
+  DDP_CHECK(input.size(1) == options.num_features(), "SyncBatchNorm", where, " expected ",
+            options.num_features(), " channels (num_features) in dimension 1 of its "
+            "input, but got ", input.size(1), " (input shape ", input.sizes(), ")");
 
   // Running-statistics bookkeeping exactly as torch::nn::BatchNorm does it.
   double factor = options.momentum().value_or(0.0);
@@ -168,9 +169,9 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     detail::GlobalBatchStats stats = detail::gather_batch_stats(input, *group);
     count = stats.count;
     // Every rank sees the same count, so every rank throws here alike.
-    TORCH_CHECK(count != 1, "SyncBatchNorm", where, " expected more than 1 value per "
-                "channel when training, but the batches of all ", group->size(),
-                " ranks hold 1 value per channel together (this rank's input shape ", input.sizes(), ")");
+    DDP_CHECK(count != 1, "SyncBatchNorm", where, " expected more than 1 value per "
+              "channel when training, but the batches of all ", group->size(),
+              " ranks hold 1 value per channel together (this rank's input shape ", input.sizes(), ")");
     if (options.track_running_stats() && count > 0) {
       // As BatchNorm: the running variance takes the unbiased variance of the batch.
       const double n = static_cast<double>(count);

@@ -17,6 +17,8 @@
 
 #include <ddp/sync_batchnorm.h>
 
+#include "core/check.h"
+
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/any.h>
@@ -133,8 +135,8 @@ std::shared_ptr<SyncBatchNormImpl> sync_batchnorm_sharing_state_of(
 
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
                                                std::shared_ptr<ProcessGroup> process_group) {
-  TORCH_CHECK(module != nullptr, "convert_sync_batchnorm got a null module; construct the "
-              "module before converting it.");
+  DDP_CHECK(module != nullptr, "convert_sync_batchnorm got a null module; construct the "
+            "module before converting it.");
   if (is_batchnorm(*module)) {
     return detail::sync_batchnorm_sharing_state_of(*module, std::move(process_group));
   }
@@ -149,16 +151,16 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
     if (!checked.insert(site.layer).second) continue;
     std::shared_ptr<Module> layer = site.parent->named_children()[site.name];
     const long outside = layer.use_count() - 1 - survey.tree_refs.at(site.layer);
-    TORCH_CHECK(outside <= 0, "convert_sync_batchnorm: the ", layer->name(), " at '",
-                site.path, "' is also held outside the module tree (", outside,
-                " more reference", outside == 1 ? "" : "s", " than its registrations), "
-                "typically by a typed field of its parent such as `torch::nn::BatchNorm2d ",
-                site.name, ";`. That field cannot hold a SyncBatchNorm, so the model's "
-                "forward would keep running the unsynchronised layer. Declare the field as "
-                "ddp::SyncBatchNorm (a plain BatchNorm until trained with several ranks; "
-                "same state-dict keys), or reach the layer through torch::nn::Sequential, "
-                "ModuleList or ModuleDict, or drop other references to it before "
-                "converting. Nothing was converted.");
+    DDP_CHECK(outside <= 0, "convert_sync_batchnorm: the ", layer->name(), " at '",
+              site.path, "' is also held outside the module tree (", outside,
+              " more reference", outside == 1 ? "" : "s", " than its registrations), "
+              "typically by a typed field of its parent such as `torch::nn::BatchNorm2d ",
+              site.name, ";`. That field cannot hold a SyncBatchNorm, so the model's "
+              "forward would keep running the unsynchronised layer. Declare the field as "
+              "ddp::SyncBatchNorm (a plain BatchNorm until trained with several ranks; "
+              "same state-dict keys), or reach the layer through torch::nn::Sequential, "
+              "ModuleList or ModuleDict, or drop other references to it before "
+              "converting. Nothing was converted.");
     layers.push_back(std::move(layer));
   }
 

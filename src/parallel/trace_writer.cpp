@@ -1,4 +1,5 @@
 #include "parallel/trace_writer.h"
+#include "core/check.h"
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/trace.h>
@@ -51,9 +52,9 @@ std::string json_quote(const std::string& s) {
 
 TraceWriter::TraceWriter(const std::string& path, int rank)
     : path_(path), rank_(rank), file_(path, std::ios::out | std::ios::trunc) {
-  TORCH_CHECK(file_.good(), "DistributedDataParallel on rank ", rank,
-              ": cannot open the trace file '", path, "' (from trace_path) for writing. "
-              "Check that its directory exists and is writable, or leave trace_path empty.");
+  DDP_CHECK(file_.good(), "DistributedDataParallel on rank ", rank,
+            ": cannot open the trace file '", path, "' (from trace_path) for writing. "
+            "Check that its directory exists and is writable, or leave trace_path empty.");
   file_ << "[\n";
   end_of_events_ = file_.tellp();
   add("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank_) +

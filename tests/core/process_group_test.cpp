@@ -542,3 +542,24 @@ TEST(FailureMultiProcTest, DeadPeerGivesAnErrorNotAHang) {
   EXPECT_NE(results[0].output.find("all_reduce on rank 0 of 2"), std::string::npos)
       << results[0].output;
 }
+
+namespace {
+
+// ddp-cpp's own errors end with the explanation: no c10 "Exception raised from ..."
+// location or backtrace after it, in what() as in msg().
+TEST(ErrorTextTest, OwnErrorsEndWithTheExplanation) {
+  ScopedEnv env({{"RANK", "3"}, {"WORLD_SIZE", "3"}});
+  try {
+    ddp::rank_info_from_env();
+    FAIL() << "RANK=3 of 3 was accepted";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << what;
+    EXPECT_EQ(what.find("frame #"), std::string::npos) << what;
+    EXPECT_NE(what.find("RANK=3 must be < WORLD_SIZE=3"), std::string::npos) << what;
+    // Nothing after the explanation but, in LibTorch 1.13, one newline.
+    EXPECT_LE(what.size(), e.msg().size() + 1) << what;
+  }
+}
+
+} // namespace

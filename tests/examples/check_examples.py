@@ -217,6 +217,20 @@ def cmd_minimal(ddprun, binary):
         fail(f"the loss did not fall: {losses}", out)
     print("OK", losses)
 
+    # A misconfigured launch: the message, then a clean exit 1 (no terminate, no trace).
+    env = dict(os.environ, RANK="3", WORLD_SIZE="3", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    p = subprocess.run([binary], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=30, env=env)
+    if p.returncode != 1:
+        fail(f"RANK=3 WORLD_SIZE=3: exit code {p.returncode}, expected 1", p.stdout)
+    if "error: RANK=3 must be < WORLD_SIZE=3" not in p.stdout:
+        fail("RANK=3 WORLD_SIZE=3: the message is missing", p.stdout)
+    for noise in ("terminate called", "Exception raised from", "frame #"):
+        if noise in p.stdout:
+            fail(f"RANK=3 WORLD_SIZE=3: the output has '{noise}'", p.stdout)
+    print("OK: a bad launch ends with", p.stdout.strip().splitlines()[-1])
+
 
 def expect_data_error(binary, data_dir, work, bad_file, also=()):
     code, out = run([binary, "--data-dir", data_dir, "--run-dir", work, "--epochs", "1",

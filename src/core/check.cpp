@@ -1,0 +1,15 @@
+#include "core/check.h"
+
+#include <c10/util/Exception.h>
+
+namespace ddp {
+namespace detail {
+
+void throw_error(std::string message) {
+  // The base constructor without a backtrace: an empty one in LibTorch 1.13 (a
+  // std::string), none in 2.x (a lazily computed one that is null).
+  throw c10::Error(std::move(message), {});
+}
+
+} // namespace detail
+} // namespace ddp

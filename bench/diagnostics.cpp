@@ -1,0 +1,89 @@
+// What the collective diagnostics cost: the latency of a small all-reduce (the kind
+// whose fixed cost a per-collective overhead would show most) through three groups that
+// differ only in their diagnostics, measured in interleaved rounds in one run:
+//   bare      DDP_FLIGHT_RECORDER_SIZE=0, debug off: the collective as c10d runs it
+//   recorder  the default: every collective numbered and recorded in the flight recorder
+//   detail    DDP_DEBUG=detail: every collective's fingerprint checked across ranks
+// Reports the median per round of each, and recorder/bare and detail/bare.
+//
+// Run under ddprun (single host):  ddprun --nproc-per-node 2 --no-prefix -- bench_diagnostics
+
+#include <ddp/process_group.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::shared_ptr<ddp::ProcessGroup> group(const std::string& name, const char* recorder_size,
+                                         const char* debug) {
+  const char* dir = std::getenv("DDP_RENDEZVOUS_DIR");
+  if (dir == nullptr) {
+    std::fprintf(stderr, "bench_diagnostics: run it under ddprun on one host\n");
+    std::exit(2);
+  }
+  ::setenv("DDP_FLIGHT_RECORDER_SIZE", recorder_size, 1);
+  auto pg = ddp::ProcessGroup::create(ddp::InitOptions()
+                                          .backend("gloo")
+                                          .debug(debug)
+                                          .init_method("file://" + std::string(dir) + "/" + name));
+  ::unsetenv("DDP_FLIGHT_RECORDER_SIZE");
+  return pg;
+}
+
+// Microseconds per all-reduce of 4 floats, over `iters` back-to-back calls.
+double per_call_us(ddp::ProcessGroup& pg, int iters) {
+  at::Tensor t = at::ones({4});
+  pg.barrier();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) pg.all_reduce(t);
+  const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
+  return took.count() / iters;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 400;
+  ::unsetenv("DDP_FLIGHT_RECORDER_DIR");  // measure recording, not files
+  auto bare = group("bare", "0", "off");
+  auto recorder = group("recorder", "2000", "off");
+  auto detail = group("detail", "2000", "detail");
+  const bool lead = bare->rank() == 0;
+
+  std::vector<double> b, r, d;
+  for (int k = 0; k < 2; ++k) {  // warm-up
+    per_call_us(*bare, iters / 4);
+    per_call_us(*recorder, iters / 4);
+  }
+  per_call_us(*detail, 20);
+  for (int round = 0; round < rounds; ++round) {
+    b.push_back(per_call_us(*bare, iters));
+    r.push_back(per_call_us(*recorder, iters));
+    d.push_back(per_call_us(*detail, std::max(iters / 20, 10)));
+  }
+  if (lead) {
+    const double mb = median(b), mr = median(r), md = median(d);
+    std::printf("all_reduce of 4 floats, %d ranks, median of %d rounds\n", bare->size(), rounds);
+    std::printf("| group | us per call | vs bare |\n|---|---|---|\n");
+    std::printf("| bare (no recorder, no debug) | %.1f | 1.00 |\n", mb);
+    std::printf("| flight recorder (default) | %.1f | %.3f |\n", mr, mr / mb);
+    std::printf("| DDP_DEBUG=detail | %.1f | %.1f |\n", md, md / mb);
+  }
+  recorder->barrier();
+  return 0;
+}

@@ -43,6 +43,7 @@
 #endif
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
 #include <cctype>
@@ -75,6 +76,17 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   }
   TORCH_INTERNAL_ASSERT(false, "AVG must be lowered to SUM before reaching c10d");
 }
+
+} // namespace
+
+std::string cause_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+namespace {
 
 std::string where(const CommConfig& c) {
   return "rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) + " (" +
@@ -270,6 +282,19 @@ class LocalComm final : public Comm {
   void shutdown() override {}
 };
 
+// c10's own log threshold, raised to FATAL for a scope. LibTorch builds with glog
+// (Debian's) log through glog, whose threshold is not ours to change: there it is a no-op.
+class QuietC10Logging {
+ public:
+#ifndef C10_USE_GLOG
+  QuietC10Logging() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }
+  ~QuietC10Logging() { FLAGS_caffe2_log_level = saved_; }
+
+ private:
+  int saved_;
+#endif
+};
+
 c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
   switch (c.store) {
     case CommConfig::StoreKind::kFile: {
@@ -284,6 +309,9 @@ c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
       opts.numWorkers = static_cast<std::size_t>(c.world_size);
       opts.waitWorkers = false;  // the backend's own rendezvous waits for everyone
       opts.timeout = c.timeout;
+      // A client that cannot reach the master gets one clear error from us; c10d's own
+      // log lines about each failed attempt would only repeat it.
+      QuietC10Logging quiet;
       return c10::make_intrusive<c10d::TCPStore>(c.master_addr, opts);
     }
     case CommConfig::StoreKind::kNone:
@@ -482,7 +510,7 @@ void throw_comm_failure(CommFailure kind, const std::string& message) {
 
 void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                         const std::string& what) {
-  const std::string text = e.what();
+  const std::string text = cause_text(e);
   if (dynamic_cast<const TimeoutError*>(&e) || dynamic_cast<const ProcessGroupError*>(&e)) {
     throw;  // already ours
   }
@@ -542,7 +570,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
   try {
     store = make_store(c);
   } catch (const std::exception& e) {
-    const std::string text = e.what();
+    const std::string text = cause_text(e);
     const std::string t = lower(text);
     if (t.find("address already in use") != std::string::npos) {
       throw ProcessGroupError(
@@ -576,7 +604,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
     if (c.backend == "nccl") return traced(make_nccl(c, store));
 #endif
   } catch (const std::exception& e) {
-    if (classify_comm_failure(e.what()) == CommFailure::kTimeout) {
+    if (classify_comm_failure(cause_text(e)) == CommFailure::kTimeout) {
       throw TimeoutError("rank " + std::to_string(c.rank) + " of " +
                          std::to_string(c.world_size) + " waited " +
                          std::to_string(c.timeout.count()) + " ms at " +
@@ -584,7 +612,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
                          " for the other ranks to join, and not all of them did. Start "
                          "all " + std::to_string(c.world_size) +
                          " ranks with the same rendezvous settings, or raise the timeout. "
-                         "Cause: " + e.what());
+                         "Cause: " + cause_text(e));
     }
     rethrow_comm_error(e, c, "creating the " + c.backend + " process group");
   }

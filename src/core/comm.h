@@ -145,6 +145,10 @@ std::string nccl_versions();
 enum class CommFailure { kTimeout, kBroken };
 CommFailure classify_comm_failure(const std::string& cause);
 
+/// A caught exception's text for a "Cause: ..." (c10::Error without its location and
+/// backtrace).
+std::string cause_text(const std::exception& e);
+
 /// Throws TimeoutError for kTimeout, else ProcessGroupError, with `message`.
 [[noreturn]] void throw_comm_failure(CommFailure kind, const std::string& message);
 

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 namespace ddp {

@@ -5,6 +5,9 @@
 #include "parallel/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
 
+#include "../../src/amp/scaler_kernels.h"
+#include "../../src/core/comm.h"
+
 #include <ddp/amp.h>
 #include <ddp/comm_hooks.h>
 
@@ -278,4 +281,40 @@ TEST(AutocastGuardTest, RefusesOtherDevicesAndDtypes) {
                    }),
                    "AutocastGuard: dtype must be BFloat16 or Half");
   EXPECT_FALSE(ddp::amp::is_autocast_enabled(at::kCPU));
+}
+
+// ---- On a GPU ----------------------------------------------------------------------------
+
+// float16 autocast and the scaler on CUDA (ATen's fused kernels, in every LibTorch with
+// CUDA): the forward runs in float16, the gradients stay float32, a planted inf is skipped
+// and the scale follows the closed form (growth_interval 2).
+TEST(AmpCudaTest, Float16AutocastAndScalerOnTheGpu) {
+  if (!ddp::detail::cuda_available()) GTEST_SKIP() << "no GPU is visible";
+  EXPECT_TRUE(ddp::amp::detail::has_fused_kernels(at::kCUDA));
+  const at::Device gpu(at::kCUDA, 0);
+  ddp_test::Mlp model;
+  ddp_test::init_params(*model, 42);
+  model->to(gpu);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2));
+  const std::vector<double> want_scale = {1024, 512, 512, 1024};
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = batch(0, step);
+    if (step == 1) x[0][0] = kInf;
+    x = x.to(gpu);
+    y = y.to(gpu);
+    opt.zero_grad();
+    at::Tensor out;
+    {
+      AutocastGuard autocast(at::kCUDA);
+      out = model->forward(x);
+    }
+    EXPECT_EQ(out.scalar_type(), at::kHalf);
+    scaler.scale(ddp_test::mse(out.to(at::kFloat), y)).backward();
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+    EXPECT_EQ(scaler.step(opt), step != 1) << "step " << step;
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), want_scale[step]) << "step " << step;
+  }
+  EXPECT_TRUE(ddp_test::flat_parameters(*model).isfinite().all().item<bool>());
 }

@@ -86,6 +86,11 @@ struct GradScalerOptions {
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = GradScalerOptions());
+  // A copy would share the scale tensor and change with the original: not copyable.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   /// outputs * scale (outputs itself when disabled). The first call places the scale on
   /// outputs' device.

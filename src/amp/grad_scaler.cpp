@@ -48,7 +48,7 @@ void check_options(const GradScalerOptions& o, const char* where) {
               o.growth_interval());
 }
 
-// The gradients of one device and dtype, with a copy of found_inf and inv_scale there.
+// The gradients of one device and dtype: one call of the check-and-unscale kernel.
 struct GradGroup {
   c10::Device device;
   at::ScalarType dtype;

@@ -17,7 +17,8 @@
 // Everything else is what a real training script needs: Fashion-MNIST from Debian's
 // dataset-fashion-mnist package, evaluation on the whole test set split across ranks, a
 // progress bar, metrics in runs/<name>/metrics.jsonl, a plot (curves.svg), checkpoints
-// every epoch and --resume. Helpers live in examples/fashion_mnist/.
+// every epoch and --resume, and --amp for mixed precision. Helpers live in
+// examples/fashion_mnist/.
 
 #include <ddp/ddp.h>
 
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   std::string backend, data_dir = kDefaultDataDir, run_dir = "runs", name = "fashion_mnist";
   std::string progress_flag = "auto";
-  bool resume = false, trace = false;
+  bool resume = false, trace = false, amp = false;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch_size, "Samples per batch on each rank")
@@ -106,6 +107,8 @@ int main(int argc, char** argv) {
                  "plain (a line every 10%) or none")
       ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "plain", "none"}));
   app.add_flag("--resume", resume, "Continue from the latest checkpoint in <run-dir>/<name>");
+  app.add_flag("--amp", amp, "Mixed precision: the forward pass in bfloat16 on a CPU, in "
+               "float16 with a gradient scaler on a GPU (weights and gradients stay float32)");
   app.add_flag("--trace", trace, "Write a Chrome trace per rank to "
                "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)");
   CLI11_PARSE(app, argc, argv);
@@ -155,6 +158,16 @@ int main(int argc, char** argv) {
 
     torch::optim::Adam optimizer(dmodel->parameters(), torch::optim::AdamOptions(lr));
 
+    // --amp: autocast runs the convolutions and linear layers in lower precision. float16
+    // (GPU) needs the gradient scaler, or small gradients underflow to zero; bfloat16
+    // (CPU) has float32's range and needs none, so there the scaler is disabled and its
+    // calls below pass straight through. Every rank skips the same steps: after DDP's
+    // all-reduce all ranks check the same gradients.
+    const ddp::amp::AutocastOptions autocast =
+        ddp::amp::AutocastOptions().enabled(amp).dtype(device.is_cuda() ? torch::kHalf
+                                                                        : torch::kBFloat16);
+    ddp::amp::GradScaler scaler(ddp::amp::GradScalerOptions().enabled(amp && device.is_cuda()));
+
     // Step 7: the DistributedSampler hands each rank a disjoint slice of the training
     // set (a different one every epoch, the same permutation on every rank).
     ddp::DistributedSampler sampler(static_cast<size_t>(train.size()),
@@ -163,19 +176,24 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("fashion_mnist: %d rank(s), backend %s, device %s, %d thread(s) per rank\n"
                   "  %lld train / %lld test images from %s\n"
-                  "  %lld epochs, batch %lld per rank (%lld in all), Adam lr %g\n",
+                  "  %lld epochs, batch %lld per rank (%lld in all), Adam lr %g%s\n",
                   world_size, ddp::default_group()->backend().c_str(), device.str().c_str(),
                   at::get_num_threads(), static_cast<long long>(train.size()),
                   static_cast<long long>(test.size()), data_dir.c_str(),
                   static_cast<long long>(epochs), static_cast<long long>(batch_size),
-                  static_cast<long long>(batch_size * world_size), lr);
+                  static_cast<long long>(batch_size * world_size), lr,
+                  !amp ? ""
+                  : device.is_cuda() ? ", mixed precision (float16, gradient scaler)"
+                                     : ", mixed precision (bfloat16)");
       std::fflush(stdout);
     }
 
-    // Checkpoints every epoch, for --resume: model, optimizer, epoch, sampler, RNG.
+    // Checkpoints every epoch, for --resume: model, optimizer, epoch, sampler, RNG (and
+    // with --amp the gradient scaler's scale and growth tracker).
     const ddp::CheckpointOptions checkpoints((out_dir / "checkpoints").string());
     ddp::Checkpoint checkpoint(*model);
     checkpoint.optimizer(&optimizer).sampler(&sampler);
+    if (amp) checkpoint.grad_scaler(&scaler);
     std::vector<EpochMetrics> history;
     const fs::path metrics_path = out_dir / "metrics.jsonl";
     int64_t start_epoch = 0, step = 0;
@@ -225,11 +243,20 @@ int main(int argc, char** argv) {
         const auto y = train.labels.index_select(0, index).to(device);
 
         optimizer.zero_grad();
-        const auto loss = torch::nn::functional::cross_entropy(dmodel->forward(x), y);
+        torch::Tensor logits;
+        {
+          // Only the forward pass runs under autocast (a no-op without --amp).
+          ddp::amp::AutocastGuard guard(device.type(), autocast);
+          logits = dmodel->forward(x);
+        }
+        const auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
         // Step 6: backward averages the gradients across ranks, bucket by bucket, while
         // it is still computing; after it every rank holds the same gradients.
-        loss.backward();
-        optimizer.step();
+        // (The scaler multiplies the loss first and divides the gradients before the
+        // step; it skips a step whose gradients overflowed. Disabled, it just steps.)
+        scaler.scale(loss).backward();
+        scaler.step(optimizer);
+        scaler.update();
         ++step;
 
         loss_sum += loss.item<double>();

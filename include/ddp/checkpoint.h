@@ -26,6 +26,7 @@
 //   "sampler":   epoch, dataset_size, num_replicas, shuffle, seed, drop_last, and
 //                "positions" (indices handed out, per rank)
 //   "rng":       per rank, {"cpu": torch.get_rng_state(), "cuda": [per-device states]}
+//   "scaler":    GradScaler.state_dict() (Python's keys), when a grad scaler is set
 //   "extra":     the caller's own values
 
 #include <ddp/process_group.h>
@@ -54,12 +55,16 @@ class Optimizer;
 
 namespace ddp {
 
+namespace amp {
+class GradScaler;
+} // namespace amp
+
 /// The caller's own values in a checkpoint: string keys, any IValue (int, double,
 /// string, tensor, list, dict); Python reads it as dict[str, Any].
 using CheckpointExtra = c10::impl::GenericDict;
 
-/// What a checkpoint saves and restores. The model is required; the optimizer and
-/// sampler are optional (nullptr: neither saved nor restored). Holds pointers, not
+/// What a checkpoint saves and restores. The model is required; the optimizer, sampler
+/// and grad scaler are optional (nullptr: neither saved nor restored). Holds pointers, not
 /// copies: they must outlive the save/load calls. load_checkpoint fills epoch, step
 /// and extra.
 ///
@@ -80,6 +85,14 @@ struct Checkpoint {
   /// nullptr: none.
   Checkpoint& sampler(DistributedSampler* sampler) { sampler_ = sampler; return *this; }
   DistributedSampler* sampler() const { return sampler_; }
+  /// The mixed-precision loss scaler (its scale and growth tracker); nullptr: none. A
+  /// checkpoint without scaler state (saved without one, or by a disabled scaler) loads
+  /// and leaves the scaler as it is, so mixed precision can be switched on when resuming.
+  Checkpoint& grad_scaler(amp::GradScaler* scaler) {
+    grad_scaler_ = scaler;
+    return *this;
+  }
+  amp::GradScaler* grad_scaler() const { return grad_scaler_; }
   /// The group to synchronise with (as DistributedDataParallelOptions::process_group);
   /// nullptr: the default group if initialised, else this process alone.
   Checkpoint& process_group(std::shared_ptr<ProcessGroup> group) {
@@ -103,6 +116,7 @@ struct Checkpoint {
   torch::nn::Module* model_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
   DistributedSampler* sampler_ = nullptr;
+  amp::GradScaler* grad_scaler_ = nullptr;
   std::shared_ptr<ProcessGroup> process_group_;
 };
 
@@ -118,8 +132,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 /// parameter they belong to. Everything is validated before anything is changed; a
 /// missing or unexpected key, a shape mismatch, a truncated or corrupt file, another
 /// optimizer type, or a mid-epoch sampler position saved by another number of ranks
-/// throws an error naming the key or shape, leaving model, optimizer, sampler and RNG
-/// untouched. Not collective.
+/// throws an error naming the key or shape, leaving model, optimizer, sampler, grad scaler
+/// and RNG untouched. Not collective.
 void load_checkpoint(const std::string& path, Checkpoint& checkpoint);
 
 /// A directory of checkpoints named <prefix>-<step>.pt with a `latest` pointer.

@@ -3,6 +3,7 @@
 // ddp-cpp: PyTorch-style DistributedDataParallel for LibTorch programs.
 // One include for everything.
 
+#include <ddp/amp.h>
 #include <ddp/checkpoint.h>
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>

@@ -3,6 +3,9 @@
 
 #include <ddp/checkpoint.h>
 
+#include <ddp/amp.h>
+
+#include "amp/scaler_state.h"
 #include "data/atomic_file.h"
 #include "data/checkpoint_io.h"
 #include "data/optimizer_state.h"
@@ -82,6 +85,11 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
     for (const auto& part : parts) rng.push_back(part.at("rng"));
     top.insert("rng", rng);
   }
+  if (checkpoint.grad_scaler() != nullptr) {
+    // Rank 0's: the same on every rank (Note [Found-inf across ranks] in
+    // src/amp/grad_scaler.cpp). Empty for a disabled scaler, as in Python.
+    top.insert("scaler", checkpoint.grad_scaler()->state_dict());
+  }
   top.insert("extra", checkpoint.extra());
   return pickle(top);
 }
@@ -143,6 +151,19 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
   }
   sampler.check_state(st);
   return [&sampler, st] { sampler.load_state(st); };
+}
+
+// A checkpoint without "scaler" (saved before mixed precision was on, or without
+// Checkpoint::grad_scaler) or with an empty one (a disabled scaler) leaves the scaler as
+// it is: resuming may switch mixed precision on. A disabled scaler ignores the state.
+Apply prepare_scaler_load(amp::GradScaler& scaler, const c10::impl::GenericDict& top,
+                          const std::string& where) {
+  const auto it = top.find("scaler");
+  if (it == top.end() || !scaler.is_enabled()) return [] {};
+  const c10::impl::GenericDict d = as_dict(it->value(), "'scaler'", where);
+  if (d.size() == 0) return [] {};
+  amp::detail::parse_scaler_state(d, where);  // validates; load_state_dict applies
+  return [&scaler, d] { scaler.load_state_dict(d); };
 }
 
 } // namespace
@@ -261,6 +282,9 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   if (checkpoint.sampler() != nullptr) {
     steps.push_back(
         prepare_sampler_load(*checkpoint.sampler(), get(top, "sampler", "the file", where), where));
+  }
+  if (checkpoint.grad_scaler() != nullptr) {
+    steps.push_back(prepare_scaler_load(*checkpoint.grad_scaler(), top, where));
   }
   if (checkpoint.rng()) {
     const c10::IValue rng_value = get(top, "rng", "the file", where);

@@ -10,6 +10,12 @@
       file parses; --resume continues with epoch 2, keeps epoch 1's record and ends with
       the model an uninterrupted 2-epoch run (with --trace) ends with.
 
+  check_examples.py amp DDPRUN FASHION_MNIST WORKDIR
+      --amp (bfloat16 autocast on this CPU) with 2 ranks: 1 epoch then --resume for epoch
+      2 ends with exactly the model of an uninterrupted 2-epoch --amp run; the checkpoint
+      holds the (disabled) scaler's state as Python's GradScaler.state_dict() would; the
+      weights are float32 and finite.
+
   check_examples.py minimal DDPRUN MINIMAL
       examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
       loss, and the loss falls.
@@ -205,6 +211,43 @@ def cmd_run(ddprun, binary, work):
     print("OK")
 
 
+def cmd_amp(ddprun, binary, work):
+    import torch
+    import weights_only
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    args = [ddprun, "--nproc-per-node", "2", "--", binary, "--amp", "--epochs", "1",
+            "--train-samples", str(TRAIN_SAMPLES), "--test-samples", str(TEST_SAMPLES),
+            "--batch-size", "32", "--lr", str(LR), "--threads", "1", "--run-dir", work,
+            "--name", "t", "--progress", "none"]
+    code, out = run(args, timeout=150)
+    if code != 0 or "mixed precision (bfloat16)" not in out:
+        fail(f"--amp: exit code {code}, expected 0 and a line naming bfloat16", out)
+    code, out = run(with_option(args, "--epochs", "2") + ["--resume"], timeout=150)
+    if code != 0 or "resuming from" not in out:
+        fail(f"--amp --resume: exit code {code}, expected 0 and 'resuming from'", out)
+    code, out = run(with_option(with_option(args, "--epochs", "2"), "--name", "straight"),
+                    timeout=150)
+    if code != 0:
+        fail(f"--amp, 2 epochs straight: exit code {code}, expected 0", out)
+    a = torch.load(os.path.join(work, "t", "model.pt"), weights_only=True)
+    b = torch.load(os.path.join(work, "straight", "model.pt"), weights_only=True)
+    check_state_dict(a, "model.pt (--amp)")
+    for k in a:
+        if a[k].dtype != torch.float32:
+            fail(f"--amp: {k} is {a[k].dtype}; the weights should stay float32")
+        if not torch.equal(a[k], b[k]):
+            fail(f"--amp: model.pt after --resume differs from 2 epochs straight at {k}: max "
+                 f"diff {(a[k] - b[k]).abs().max().item()}")
+    ckpt_dir = os.path.join(work, "t", "checkpoints")
+    with open(os.path.join(ckpt_dir, "latest")) as f:
+        ckpt = weights_only.load(os.path.join(ckpt_dir, os.path.basename(f.read().strip())))
+    if ckpt.get("scaler") != {}:
+        fail(f"--amp on a CPU: checkpoint['scaler'] is {ckpt.get('scaler')!r}; expected {{}}, "
+             "the state_dict() of a disabled GradScaler")
+    print("OK")
+
+
 def cmd_minimal(ddprun, binary):
     code, out = run([ddprun, "--nproc-per-node", "2", "--", binary], timeout=80)
     if code != 0:
@@ -284,6 +327,8 @@ def cmd_data_errors(binary, work):
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "run":
         cmd_run(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "amp":
+        cmd_amp(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "minimal":
         cmd_minimal(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "data-errors":

@@ -5,6 +5,10 @@
       into the Python twin of the C++ test model and a torch.optim optimizer of KIND
       ("sgd" or "adam"), takes one training step on extra["x"], extra["y"], saves the
       model's state_dict and reports what it saw.
+  checkpoint_reference.py scaler CKPT REPORT_JSON
+      Reads a checkpoint saved with a GradScaler: reports ckpt["scaler"] as torch.load
+      returns it, and what torch.amp.GradScaler("cpu").load_state_dict makes of it (where
+      this torch has a CPU GradScaler; 1.13 has none: "grad_scaler" is then null).
   checkpoint_reference.py export OUT_STATE_DICT OUT_IO OUT_SINGLE
       Saves a trained-looking twin's state_dict, an input with the model's output in
       eval mode, and a one-entry dict (pickled with SETITEM), for the C++ side to load.
@@ -84,6 +88,27 @@ def continue_training(ckpt_path, kind, out_path, report_path):
         json.dump(report, f)
 
 
+def scaler(ckpt_path, report_path):
+    ckpt = weights_only.load(ckpt_path)
+    saved = ckpt["scaler"]
+    report = {
+        "type": type(saved).__name__,
+        "keys": list(saved.keys()),
+        "types": {k: type(v).__name__ for k, v in saved.items()},
+        "values": saved,
+        "torch": torch.__version__,
+        "grad_scaler": None,
+    }
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        s = torch.amp.GradScaler("cpu")
+        s.load_state_dict(saved)
+        # The scale lives on the first scaled tensor's device; use it once, as training would.
+        s.scale(torch.ones(()))
+        report["grad_scaler"] = {"get_scale": s.get_scale(), "state_dict": s.state_dict()}
+    with open(report_path, "w") as f:
+        json.dump(report, f)
+
+
 def export(out_path, io_path, single_path):
     torch.manual_seed(0)
     net = Net()
@@ -101,6 +126,8 @@ def export(out_path, io_path, single_path):
 if __name__ == "__main__":
     if sys.argv[1] == "continue":
         continue_training(*sys.argv[2:6])
+    elif sys.argv[1] == "scaler":
+        scaler(*sys.argv[2:4])
     elif sys.argv[1] == "export":
         export(*sys.argv[2:5])
     else:

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -44,14 +45,26 @@ std::shared_ptr<ddp::ProcessGroup> group(const std::string& name, const char* re
   return pg;
 }
 
-// Microseconds per all-reduce of 4 floats, over `iters` back-to-back calls.
-double per_call_us(ddp::ProcessGroup& pg, int iters) {
+double cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+struct PerCall {
+  double wall_us = 0;  // elapsed, per call
+  double cpu_us = 0;   // this process's CPU time (all its threads), per call
+};
+
+// Per all-reduce of 4 floats, over `iters` back-to-back calls.
+PerCall per_call(ddp::ProcessGroup& pg, int iters) {
   at::Tensor t = at::ones({4});
   pg.barrier();
+  const double cpu0 = cpu_us();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) pg.all_reduce(t);
   const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
-  return took.count() / iters;
+  return {took.count() / iters, (cpu_us() - cpu0) / iters};
 }
 
 } // namespace
@@ -65,24 +78,30 @@ int main(int argc, char** argv) {
   auto detail = group("detail", "2000", "detail");
   const bool lead = bare->rank() == 0;
 
-  std::vector<double> b, r, d;
+  std::vector<double> bw, rw, dw, bc, rc, dc;
   for (int k = 0; k < 2; ++k) {  // warm-up
-    per_call_us(*bare, iters / 4);
-    per_call_us(*recorder, iters / 4);
+    per_call(*bare, iters / 4);
+    per_call(*recorder, iters / 4);
   }
-  per_call_us(*detail, 20);
+  per_call(*detail, 20);
   for (int round = 0; round < rounds; ++round) {
-    b.push_back(per_call_us(*bare, iters));
-    r.push_back(per_call_us(*recorder, iters));
-    d.push_back(per_call_us(*detail, std::max(iters / 20, 10)));
+    const PerCall b = per_call(*bare, iters);
+    const PerCall r = per_call(*recorder, iters);
+    const PerCall d = per_call(*detail, std::max(iters / 20, 10));
+    bw.push_back(b.wall_us), bc.push_back(b.cpu_us);
+    rw.push_back(r.wall_us), rc.push_back(r.cpu_us);
+    dw.push_back(d.wall_us), dc.push_back(d.cpu_us);
   }
   if (lead) {
-    const double mb = median(b), mr = median(r), md = median(d);
-    std::printf("all_reduce of 4 floats, %d ranks, median of %d rounds\n", bare->size(), rounds);
-    std::printf("| group | us per call | vs bare |\n|---|---|---|\n");
-    std::printf("| bare (no recorder, no debug) | %.1f | 1.00 |\n", mb);
-    std::printf("| flight recorder (default) | %.1f | %.3f |\n", mr, mr / mb);
-    std::printf("| DDP_DEBUG=detail | %.1f | %.1f |\n", md, md / mb);
+    const double b = median(bw), r = median(rw), d = median(dw);
+    const double cb = median(bc), cr = median(rc), cd = median(dc);
+    std::printf("all_reduce of 4 floats, %d ranks, median of %d interleaved rounds (rank 0)\n",
+                bare->size(), rounds);
+    std::printf("| group | wall us/call | vs bare | CPU us/call | vs bare |\n"
+                "|---|---:|---:|---:|---:|\n");
+    std::printf("| bare (no recorder, no debug) | %.1f | 1.00 | %.1f | 1.00 |\n", b, cb);
+    std::printf("| flight recorder (default) | %.1f | %.2f | %.1f | %.2f |\n", r, r / b, cr, cr / cb);
+    std::printf("| DDP_DEBUG=detail | %.1f | %.1f | %.1f | %.1f |\n", d, d / b, cd, cd / cb);
   }
   recorder->barrier();
   return 0;

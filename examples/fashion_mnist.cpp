@@ -47,15 +47,27 @@ using namespace fashion_mnist;
 // loads into the same nn.Module written in Python.
 
 struct NetImpl : torch::nn::Module {
-  NetImpl()
+  // batch_norm (--sync-bn): a SyncBatchNorm after each convolution, normalising with
+  // the statistics of the global batch (all ranks' samples); plain BatchNorm when
+  // there is one rank.
+  explicit NetImpl(bool batch_norm = false)
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
         fc1(register_module("fc1", torch::nn::Linear(64 * 5 * 5, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {
+    if (batch_norm) {
+      bn1 = register_module("bn1", ddp::SyncBatchNorm(32));
+      bn2 = register_module("bn2", ddp::SyncBatchNorm(64));
+    }
+  }
 
   torch::Tensor forward(torch::Tensor x) {                  // [B, 1, 28, 28]
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);        // [B, 32, 13, 13]
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);        // [B, 64, 5, 5]
+    x = conv1(x);                                           // [B, 32, 26, 26]
+    if (bn1) x = bn1(x);
+    x = torch::max_pool2d(torch::relu(x), 2);               // [B, 32, 13, 13]
+    x = conv2(x);                                           // [B, 64, 11, 11]
+    if (bn2) x = bn2(x);
+    x = torch::max_pool2d(torch::relu(x), 2);               // [B, 64, 5, 5]
     x = torch::relu(fc1(x.flatten(1)));                     // [B, 128]
     x = torch::dropout(x, /*p=*/0.25, /*train=*/is_training());
     return fc2(x);                                          // [B, 10] logits
@@ -63,6 +75,7 @@ struct NetImpl : torch::nn::Module {
 
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc1, fc2;
+  ddp::SyncBatchNorm bn1{nullptr}, bn2{nullptr};
 };
 TORCH_MODULE(Net);
 
@@ -80,7 +93,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   std::string backend, data_dir = kDefaultDataDir, run_dir = "runs", name = "fashion_mnist";
   std::string progress_flag = "auto";
-  bool resume = false, trace = false, amp = false;
+  bool resume = false, trace = false, amp = false, sync_bn = false;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch_size, "Samples per batch on each rank")
@@ -109,6 +122,8 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "Continue from the latest checkpoint in <run-dir>/<name>");
   app.add_flag("--amp", amp, "Mixed precision: the forward pass in bfloat16 on a CPU, in "
                "float16 with a gradient scaler on a GPU (weights and gradients stay float32)");
+  app.add_flag("--sync-bn", sync_bn, "Add a SyncBatchNorm after each convolution: batch "
+               "statistics over all ranks' samples");
   app.add_flag("--trace", trace, "Write a Chrome trace per rank to "
                "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)");
   CLI11_PARSE(app, argc, argv);
@@ -145,7 +160,7 @@ int main(int argc, char** argv) {
     fs::create_directories(out_dir);  // on every host: traces are written per rank
 
     torch::manual_seed(seed);  // the same initial weights everywhere (DDP checks this)
-    Net model;
+    Net model(sync_bn);
     model->to(device);
 
     // Step 5: wrap the model in DistributedDataParallel. This broadcasts rank 0's

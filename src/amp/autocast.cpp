@@ -3,6 +3,7 @@
 #include <ddp/amp.h>
 
 #include "amp/autocast_compat.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 
@@ -12,9 +13,9 @@ namespace amp {
 namespace {
 
 void check_device_type(c10::DeviceType device_type, const char* what) {
-  TORCH_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA, what,
-              ": autocast supports device types cpu and cuda, but got ",
-              c10::DeviceTypeName(device_type, /*lower_case=*/true), ".");
+  DDP_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA, what,
+            ": autocast supports device types cpu and cuda, but got ",
+            c10::DeviceTypeName(device_type, /*lower_case=*/true), ".");
 }
 
 at::ScalarType default_dtype(c10::DeviceType device_type) {
@@ -27,9 +28,9 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions&
     : device_type_(device_type) {
   check_device_type(device_type, "AutocastGuard");
   const at::ScalarType dtype = options.dtype().value_or(default_dtype(device_type));
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
-              "AutocastGuard: dtype must be BFloat16 or Half (the lower precision that "
-              "eligible operations run in), but got ", dtype, ".");
+  DDP_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
+            "AutocastGuard: dtype must be BFloat16 or Half (the lower precision that "
+            "eligible operations run in), but got ", dtype, ".");
   // As torch.autocast.__enter__: remember, set the dtype, enable, count the nesting.
   previous_enabled_ = detail::autocast_enabled(device_type);
   previous_dtype_ = detail::autocast_dtype(device_type);

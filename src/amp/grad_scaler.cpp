@@ -3,6 +3,7 @@
 #include <ddp/amp.h>
 
 #include "amp/scaler_kernels.h"
+#include "core/check.h"
 #include "amp/scaler_state.h"
 
 #include <ATen/core/grad_mode.h>
@@ -38,14 +39,14 @@ namespace {
 
 void check_options(const GradScalerOptions& o, const char* where) {
   if (!o.enabled()) return;  // as in Python: a disabled scaler's numbers are unused
-  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0, where,
-              ": init_scale must be a finite number > 0, but got ", o.init_scale());
-  TORCH_CHECK(o.growth_factor() > 1.0, where, ": growth_factor must be > 1.0, but got ",
-              o.growth_factor());
-  TORCH_CHECK(o.backoff_factor() > 0.0 && o.backoff_factor() < 1.0, where,
-              ": backoff_factor must be in (0, 1), but got ", o.backoff_factor());
-  TORCH_CHECK(o.growth_interval() >= 1, where, ": growth_interval must be >= 1, but got ",
-              o.growth_interval());
+  DDP_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0, where,
+            ": init_scale must be a finite number > 0, but got ", o.init_scale());
+  DDP_CHECK(o.growth_factor() > 1.0, where, ": growth_factor must be > 1.0, but got ",
+            o.growth_factor());
+  DDP_CHECK(o.backoff_factor() > 0.0 && o.backoff_factor() < 1.0, where,
+            ": backoff_factor must be in (0, 1), but got ", o.backoff_factor());
+  DDP_CHECK(o.growth_interval() >= 1, where, ": growth_interval must be >= 1, but got ",
+            o.growth_interval());
 }
 
 // The gradients of one device and dtype: one call of the check-and-unscale kernel.
@@ -63,7 +64,7 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options))
 
 at::Tensor GradScaler::scale(const at::Tensor& outputs) {
   if (!options_.enabled()) return outputs;
-  TORCH_CHECK(outputs.defined(), "GradScaler::scale: got an undefined tensor");
+  DDP_CHECK(outputs.defined(), "GradScaler::scale: got an undefined tensor");
   if (!scale_.defined()) {
     const auto on = at::TensorOptions().device(outputs.device());
     scale_ = at::full(at::IntArrayRef{}, options_.init_scale(), on.dtype(at::kFloat));
@@ -80,7 +81,7 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
 }
 
 void GradScaler::check_initialised(const char* what) const {
-  TORCH_CHECK(scale_.defined(), "GradScaler::", what,
+  DDP_CHECK(scale_.defined(), "GradScaler::", what,
               ": the scale is not initialised yet. Expected scaler.scale(loss) earlier in the "
               "iteration (its first call places the scale on the loss's device).");
 }
@@ -107,10 +108,10 @@ void GradScaler::unscale_grads(torch::optim::Optimizer& optimizer, OptimizerStat
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) continue;
-      TORCH_CHECK(grad.scalar_type() != at::kHalf,
-                  "Attempting to unscale FP16 gradients: parameter ", i, " of param group ", g,
-                  " has a float16 gradient. Keep the parameters in float32 and let autocast "
-                  "(ddp::amp::AutocastGuard) run the forward pass in float16.");
+      DDP_CHECK(grad.scalar_type() != at::kHalf,
+                "Attempting to unscale FP16 gradients: parameter ", i, " of param group ", g,
+                " has a float16 gradient. Keep the parameters in float32 and let autocast "
+                "(ddp::amp::AutocastGuard) run the forward pass in float16.");
       const at::Tensor to_unscale = grad.is_sparse() ? grad._values() : grad;
       GradGroup* group = nullptr;
       for (GradGroup& candidate : groups) {
@@ -161,9 +162,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return;
   check_initialised("unscale_");
   OptimizerState& state = state_of(optimizer);
-  TORCH_CHECK(state.stage != Stage::kUnscaled,
-              "unscale_() has already been called on this optimizer since the last update().");
-  TORCH_CHECK(state.stage != Stage::kStepped, "unscale_() is being called after step().");
+  DDP_CHECK(state.stage != Stage::kUnscaled,
+            "unscale_() has already been called on this optimizer since the last update().");
+  DDP_CHECK(state.stage != Stage::kStepped, "unscale_() is being called after step().");
   unscale_grads(optimizer, state);
   state.stage = Stage::kUnscaled;
 }
@@ -175,15 +176,15 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   check_initialised("step");
   OptimizerState& state = state_of(optimizer);
-  TORCH_CHECK(state.stage != Stage::kStepped,
-              "step() has already been called since the last update().");
+  DDP_CHECK(state.stage != Stage::kStepped,
+            "step() has already been called since the last update().");
   if (state.stage == Stage::kReady) {
     unscale_grads(optimizer, state);
     state.stage = Stage::kUnscaled;
   }
-  TORCH_CHECK(!state.found_inf_per_device.empty(),
-              "No inf checks were recorded for this optimizer: none of its parameters has a "
-              "gradient. Expected scaler.scale(loss).backward() before scaler.step(optimizer).");
+  DDP_CHECK(!state.found_inf_per_device.empty(),
+            "No inf checks were recorded for this optimizer: none of its parameters has a "
+            "gradient. Expected scaler.scale(loss).backward() before scaler.step(optimizer).");
   float found = 0;
   for (const auto& entry : state.found_inf_per_device) found += entry.second.item<float>();
   const bool stepped = found == 0;
@@ -202,7 +203,7 @@ void GradScaler::update() {
       combined = combined.defined() ? combined.add(here) : here;
     }
   }
-  TORCH_CHECK(combined.defined(),
+  DDP_CHECK(combined.defined(),
               "No inf checks were recorded prior to update(). Expected scaler.step(optimizer) "
               "(or scaler.unscale_(optimizer)) for at least one optimizer this iteration.");
   detail::update_scale(scale_, growth_tracker_, combined, options_.growth_factor(),
@@ -213,8 +214,8 @@ void GradScaler::update() {
 void GradScaler::update(double new_scale) {
   if (!options_.enabled()) return;
   check_initialised("update");
-  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0,
-              "GradScaler::update: new_scale must be a finite number > 0, but got ", new_scale);
+  DDP_CHECK(std::isfinite(new_scale) && new_scale > 0,
+            "GradScaler::update: new_scale must be a finite number > 0, but got ", new_scale);
   scale_.fill_(new_scale);
   per_optimizer_.clear();
 }
@@ -222,7 +223,7 @@ void GradScaler::update(double new_scale) {
 void GradScaler::update(const at::Tensor& new_scale) {
   if (!options_.enabled()) return;
   check_initialised("update");
-  TORCH_CHECK(new_scale.defined() && new_scale.numel() == 1 && !new_scale.requires_grad(),
+  DDP_CHECK(new_scale.defined() && new_scale.numel() == 1 && !new_scale.requires_grad(),
               "GradScaler::update: new_scale should be a one-element tensor with "
               "requires_grad=false, but got ",
               new_scale.defined() ? new_scale.toString() + " of " +
@@ -275,9 +276,9 @@ c10::impl::GenericDict GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   if (!options_.enabled()) return;
-  TORCH_CHECK(state.size() > 0,
-              "The source state dict is empty, possibly because it was saved from a disabled "
-              "instance of GradScaler.");
+  DDP_CHECK(state.size() > 0,
+            "The source state dict is empty, possibly because it was saved from a disabled "
+            "instance of GradScaler.");
   const detail::ScalerState s = detail::parse_scaler_state(state, "GradScaler::load_state_dict");
   options_.init_scale(s.scale);
   options_.growth_factor(s.growth_factor);

@@ -1,6 +1,7 @@
 // GradScaler's state dict: Python's keys and value types.
 
 #include "amp/scaler_state.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 
@@ -31,24 +32,24 @@ std::string key_list(const c10::impl::GenericDict& dict) {
 c10::IValue value_of(const c10::impl::GenericDict& dict, const char* key,
                      const std::string& where) {
   const auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), where, ": the GradScaler state has no key '", key,
-              "'; expected the keys of GradScaler.state_dict(): scale, growth_factor, "
-              "backoff_factor, growth_interval, _growth_tracker (it has: ", key_list(dict), ")");
+  DDP_CHECK(it != dict.end(), where, ": the GradScaler state has no key '", key,
+            "'; expected the keys of GradScaler.state_dict(): scale, growth_factor, "
+            "backoff_factor, growth_interval, _growth_tracker (it has: ", key_list(dict), ")");
   return it->value();
 }
 
 // Python writes whole floats as float, but a hand-made dict may hold an int.
 double number(const c10::impl::GenericDict& dict, const char* key, const std::string& where) {
   const c10::IValue v = value_of(dict, key, where);
-  TORCH_CHECK(v.isDouble() || v.isInt(), where, ": GradScaler state '", key,
-              "' should be a float, but it is a ", v.tagKind());
+  DDP_CHECK(v.isDouble() || v.isInt(), where, ": GradScaler state '", key,
+            "' should be a float, but it is a ", v.tagKind());
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
 
 int64_t integer(const c10::impl::GenericDict& dict, const char* key, const std::string& where) {
   const c10::IValue v = value_of(dict, key, where);
-  TORCH_CHECK(v.isInt(), where, ": GradScaler state '", key, "' should be an int, but it is a ",
-              v.tagKind());
+  DDP_CHECK(v.isInt(), where, ": GradScaler state '", key, "' should be an int, but it is a ",
+            v.tagKind());
   return v.toInt();
 }
 
@@ -71,18 +72,18 @@ ScalerState parse_scaler_state(const c10::impl::GenericDict& dict, const std::st
   s.backoff_factor = number(dict, kKeys[2], where);
   s.growth_interval = integer(dict, kKeys[3], where);
   s.growth_tracker = integer(dict, kKeys[4], where);
-  TORCH_CHECK(std::isfinite(s.scale) && s.scale > 0, where,
-              ": GradScaler state 'scale' should be a finite number > 0, but it is ", s.scale);
-  TORCH_CHECK(s.growth_factor > 1.0, where,
-              ": GradScaler state 'growth_factor' should be > 1.0, but it is ", s.growth_factor);
-  TORCH_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, where,
-              ": GradScaler state 'backoff_factor' should be in (0, 1), but it is ",
-              s.backoff_factor);
-  TORCH_CHECK(s.growth_interval >= 1, where,
-              ": GradScaler state 'growth_interval' should be >= 1, but it is ",
-              s.growth_interval);
-  TORCH_CHECK(s.growth_tracker >= 0 && s.growth_tracker <= INT32_MAX, where,
-              ": GradScaler state '_growth_tracker' should be in [0, 2^31), but it is ",
+  DDP_CHECK(std::isfinite(s.scale) && s.scale > 0, where,
+            ": GradScaler state 'scale' should be a finite number > 0, but it is ", s.scale);
+  DDP_CHECK(s.growth_factor > 1.0, where,
+            ": GradScaler state 'growth_factor' should be > 1.0, but it is ", s.growth_factor);
+  DDP_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, where,
+            ": GradScaler state 'backoff_factor' should be in (0, 1), but it is ",
+            s.backoff_factor);
+  DDP_CHECK(s.growth_interval >= 1, where,
+            ": GradScaler state 'growth_interval' should be >= 1, but it is ",
+            s.growth_interval);
+  DDP_CHECK(s.growth_tracker >= 0 && s.growth_tracker <= INT32_MAX, where,
+            ": GradScaler state '_growth_tracker' should be in [0, 2^31), but it is ",
               s.growth_tracker);
   return s;
 }

@@ -1,4 +1,5 @@
 #include "data/atomic_file.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 
@@ -32,12 +33,12 @@ std::string system_error(const char* what, const std::string& path) {
 
 void fsync_directory(const std::string& directory) {
   const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  TORCH_CHECK(fd >= 0, system_error("opening directory", directory));
+  DDP_CHECK(fd >= 0, system_error("opening directory", directory));
   const int rc = ::fsync(fd);
   const int saved = errno;
   ::close(fd);
   errno = saved;
-  TORCH_CHECK(rc == 0, system_error("fsync of directory", directory));
+  DDP_CHECK(rc == 0, system_error("fsync of directory", directory));
 }
 
 std::string temporary_name(const std::string& path) {
@@ -61,13 +62,13 @@ std::string parent_directory(const std::string& path) {
 void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string tmp = temporary_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, system_error("creating", tmp),
-              ". Check that the directory exists and is writable.");
+  DDP_CHECK(fd >= 0, system_error("creating", tmp),
+            ". Check that the directory exists and is writable.");
   auto fail = [&](const char* what, const std::string& name) {
     const std::string msg = system_error(what, name);
     ::close(fd);
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, msg);
+    DDP_CHECK(false, msg);
   };
   size_t done = 0;
   while (done < bytes.size()) {
@@ -80,22 +81,22 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   if (::close(fd) != 0) {
     const std::string msg = system_error("closing", tmp);
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, msg);
+    DDP_CHECK(false, msg);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string msg = system_error("renaming to", path);
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, msg);
+    DDP_CHECK(false, msg);
   }
   fsync_directory(parent_directory(path));
 }
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), system_error("opening", path));
+  DDP_CHECK(in.good(), system_error("opening", path));
   std::ostringstream out;
   out << in.rdbuf();
-  TORCH_CHECK(!in.bad(), system_error("reading", path));
+  DDP_CHECK(!in.bad(), system_error("reading", path));
   return out.str();
 }
 
@@ -105,7 +106,7 @@ bool file_exists(const std::string& path) {
 }
 
 void make_directories(const std::string& directory) {
-  TORCH_CHECK(!directory.empty(), "the checkpoint directory is empty; expected a path");
+  DDP_CHECK(!directory.empty(), "the checkpoint directory is empty; expected a path");
   std::string partial;
   std::stringstream parts(directory);
   std::string part;
@@ -114,12 +115,12 @@ void make_directories(const std::string& directory) {
     if (part.empty()) continue;
     partial += part;
     if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      TORCH_CHECK(false, system_error("creating directory", partial));
+      DDP_CHECK(false, system_error("creating directory", partial));
     }
     struct stat st {};
-    TORCH_CHECK(::stat(partial.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
-                "'", partial, "' exists but is not a directory; expected a directory for "
-                "checkpoints");
+    DDP_CHECK(::stat(partial.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
+              "'", partial, "' exists but is not a directory; expected a directory for "
+              "checkpoints");
     partial += "/";
   }
 }

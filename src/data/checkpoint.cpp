@@ -6,6 +6,7 @@
 #include <ddp/amp.h>
 
 #include "amp/scaler_state.h"
+#include "core/check.h"
 #include "data/atomic_file.h"
 #include "data/checkpoint_io.h"
 #include "data/optimizer_state.h"
@@ -106,22 +107,22 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
   st.seed = get_int(d, "seed", what, where);
   st.drop_last = get_bool(d, "drop_last", what, where);
   const c10::IValue positions_value = get(d, "positions", what, where);
-  TORCH_CHECK(positions_value.isList(), where, ": sampler['positions'] should be a list");
+  DDP_CHECK(positions_value.isList(), where, ": sampler['positions'] should be a list");
   std::vector<int64_t> positions;
   for (const c10::IValue& p : positions_value.toList()) {
-    TORCH_CHECK(p.isInt(), where, ": sampler['positions'] should hold ints");
+    DDP_CHECK(p.isInt(), where, ": sampler['positions'] should hold ints");
     positions.push_back(p.toInt());
   }
-  TORCH_CHECK(static_cast<int64_t>(positions.size()) == st.num_replicas && st.num_replicas > 0 &&
+  DDP_CHECK(static_cast<int64_t>(positions.size()) == st.num_replicas && st.num_replicas > 0 &&
                   st.dataset_size > 0,
-              where, ": sampler['positions'] has ", positions.size(), " entries for num_replicas=",
-              st.num_replicas, "; the file is corrupt.");
+            where, ": sampler['positions'] has ", positions.size(), " entries for num_replicas=",
+            st.num_replicas, "; the file is corrupt.");
 
   if (st.num_replicas == sampler.num_replicas()) {
     st.rank = sampler.rank();
     st.position = positions[static_cast<size_t>(st.rank)];
-    TORCH_CHECK(st.position >= 0, where, ": no rank saved a position for sampler rank ",
-                st.rank, "; the checkpoint was saved with a sampler of another rank layout.");
+    DDP_CHECK(st.position >= 0, where, ": no rank saved a position for sampler rank ",
+              st.rank, "; the checkpoint was saved with a sampler of another rank layout.");
   } else {
     // Note [Resuming with another world size]: at an epoch boundary (every rank at 0, or
     // every rank done with the epoch) only the epoch carries over; mid-epoch the unseen
@@ -137,13 +138,13 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
       all_zero = all_zero && p == 0;
       all_done = all_done && p == saved_samples;
     }
-    TORCH_CHECK(all_zero || all_done, where, ": the checkpoint was saved mid-epoch (epoch ",
-                st.epoch, ", position ", positions[0], " of ", saved_samples,
-                " samples per rank) by ", st.num_replicas,
-                " ranks, but this sampler has num_replicas=", sampler.num_replicas(),
-                ". The samples not yet seen cannot be split the same way across another "
-                "number of ranks; resume with ", st.num_replicas,
-                " ranks, or from a checkpoint saved at an epoch boundary.");
+    DDP_CHECK(all_zero || all_done, where, ": the checkpoint was saved mid-epoch (epoch ",
+              st.epoch, ", position ", positions[0], " of ", saved_samples,
+              " samples per rank) by ", st.num_replicas,
+              " ranks, but this sampler has num_replicas=", sampler.num_replicas(),
+              ". The samples not yet seen cannot be split the same way across another "
+              "number of ranks; resume with ", st.num_replicas,
+              " ranks, or from a checkpoint saved at an epoch boundary.");
     const int64_t epoch = st.epoch;
     st = sampler.state();
     st.epoch = epoch;
@@ -197,8 +198,8 @@ CheckpointGroup checkpoint_group(const Checkpoint& checkpoint) {
 void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
                           const std::function<void()>& before,
                           const std::function<void()>& after) {
-  TORCH_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
-              "'): Checkpoint::model is null; expected the unwrapped model");
+  DDP_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
+            "'): Checkpoint::model is null; expected the unwrapped model");
   const CheckpointGroup group = checkpoint_group(checkpoint);
   const std::vector<std::string> parts = group.all_gather(rank_part(checkpoint));
   std::string error;
@@ -215,9 +216,9 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
     }
   }
   const std::vector<std::string> verdicts = group.all_gather(group.rank == 0 ? error : "");
-  TORCH_CHECK(verdicts[0].empty(), "save_checkpoint('", path, "') failed on rank 0 (the rank "
-              "that writes), so no checkpoint was written; seen on rank ", group.rank, ": ",
-              verdicts[0]);
+  DDP_CHECK(verdicts[0].empty(), "save_checkpoint('", path, "') failed on rank 0 (the rank "
+            "that writes), so no checkpoint was written; seen on rank ", group.rank, ": ",
+            verdicts[0]);
 }
 
 } // namespace detail
@@ -231,24 +232,24 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   const CheckpointGroup group = checkpoint_group(checkpoint);
   const std::string where = "load_checkpoint('" + path + "')" +
                             (group.size > 1 ? " on rank " + std::to_string(group.rank) : "");
-  TORCH_CHECK(checkpoint.model() != nullptr, where,
-              ": Checkpoint::model is null; expected the unwrapped model");
-  TORCH_CHECK(file_exists(path), where, ": no such file. Expected a checkpoint written by "
-              "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
+  DDP_CHECK(checkpoint.model() != nullptr, where,
+            ": Checkpoint::model is null; expected the unwrapped model");
+  DDP_CHECK(file_exists(path), where, ": no such file. Expected a checkpoint written by "
+            "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
   const auto format = top.find("format");
-  TORCH_CHECK(format != top.end() && format->value().isString() &&
+  DDP_CHECK(format != top.end() && format->value().isString() &&
                   format->value().toStringRef() == kFormat,
-              where, ": not a ddp-cpp checkpoint (",
-              format == top.end()             ? std::string("it has no 'format' key")
-              : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
+            where, ": not a ddp-cpp checkpoint (",
+            format == top.end()             ? std::string("it has no 'format' key")
+            : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
                                            : "its format is a " + format->value().tagKind(),
-              "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
-              "ddp::read_state_dict.");
+            "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
+            "ddp::read_state_dict.");
   const int64_t version = get_int(top, "version", "the file", where);
-  TORCH_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
-              " is newer than this library reads (", kVersion, "); update ddp-cpp.");
+  DDP_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
+            " is newer than this library reads (", kVersion, "); update ddp-cpp.");
   const int64_t epoch = get_int(top, "epoch", "the file", where);
   const int64_t step = get_int(top, "step", "the file", where);
   const int64_t world_size = get_int(top, "world_size", "the file", where);
@@ -256,15 +257,15 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
       as_dict(get(top, "extra", "the file", where), "'extra'", where);
   CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
   for (const auto& entry : extra_generic) {
-    TORCH_CHECK(entry.key().isString(), where, ": 'extra' should have string keys");
+    DDP_CHECK(entry.key().isString(), where, ": 'extra' should have string keys");
     extra.insert(entry.key(), entry.value());
   }
 
   auto require = [&](const char* key, const char* setter) {
-    TORCH_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
-                "' (it was saved without Checkpoint::", setter, "), but this Checkpoint asks "
-                "to restore one. Load with Checkpoint::", setter,
-                key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
+    DDP_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
+              "' (it was saved without Checkpoint::", setter, "), but this Checkpoint asks "
+              "to restore one. Load with Checkpoint::", setter,
+              key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
   };
   if (checkpoint.optimizer() != nullptr) require("optimizer", "optimizer");
   if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
@@ -288,13 +289,13 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   }
   if (checkpoint.rng()) {
     const c10::IValue rng_value = get(top, "rng", "the file", where);
-    TORCH_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
-                ": 'rng' should be a non-empty list (one entry per rank)");
+    DDP_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
+              ": 'rng' should be a non-empty list (one entry per rank)");
     const c10::impl::GenericList rng = rng_value.toList();
     // Same world size: each rank its own state; else rank r takes r % saved ranks.
-    TORCH_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size,
-                where, ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
-                "; the file is corrupt.");
+    DDP_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size,
+              where, ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
+              "; the file is corrupt.");
     const size_t index = static_cast<size_t>(group.rank) % rng.size();
     steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
   }

@@ -3,6 +3,7 @@
 #include <ddp/checkpoint.h>
 
 #include "data/atomic_file.h"
+#include "core/check.h"
 #include "data/checkpoint_io.h"
 
 #include <c10/util/Exception.h>
@@ -18,13 +19,13 @@ namespace {
 constexpr const char* kLatest = "latest";
 
 void validate(const CheckpointOptions& options) {
-  TORCH_CHECK(!options.directory().empty(),
-              "CheckpointOptions: directory must not be empty; expected a path");
-  TORCH_CHECK(options.keep_last() >= 0, "CheckpointOptions: keep_last must be >= 0 (0 keeps "
-              "all), but got ", options.keep_last());
-  TORCH_CHECK(!options.prefix().empty() && options.prefix().find('/') == std::string::npos,
-              "CheckpointOptions: prefix must be a non-empty file name without '/', but got '",
-              options.prefix(), "'");
+  DDP_CHECK(!options.directory().empty(),
+            "CheckpointOptions: directory must not be empty; expected a path");
+  DDP_CHECK(options.keep_last() >= 0, "CheckpointOptions: keep_last must be >= 0 (0 keeps "
+            "all), but got ", options.keep_last());
+  DDP_CHECK(!options.prefix().empty() && options.prefix().find('/') == std::string::npos,
+            "CheckpointOptions: prefix must be a non-empty file name without '/', but got '",
+            options.prefix(), "'");
 }
 
 std::string file_name(const CheckpointOptions& options, int64_t step) {
@@ -91,8 +92,8 @@ std::string trim(std::string s) {
 
 std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& checkpoint) {
   validate(options);
-  TORCH_CHECK(checkpoint.step() >= 0, "save_checkpoint: Checkpoint::step must be >= 0 (it "
-              "names the file), but got ", checkpoint.step());
+  DDP_CHECK(checkpoint.step() >= 0, "save_checkpoint: Checkpoint::step must be >= 0 (it "
+            "names the file), but got ", checkpoint.step());
   const std::string name = file_name(options, checkpoint.step());
   const std::string path = options.directory() + "/" + name;
   detail::save_checkpoint_with(

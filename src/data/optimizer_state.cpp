@@ -1,4 +1,5 @@
 #include "data/optimizer_state.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -56,8 +57,8 @@ Kind kind_of(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Kind::SGD;
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::AdamW;
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::Adam;
-  TORCH_CHECK(false, "checkpoints support the optimizers torch::optim::SGD, Adam and AdamW, "
-              "but got another type. Save its state yourself in Checkpoint::extra.");
+  DDP_CHECK(false, "checkpoints support the optimizers torch::optim::SGD, Adam and AdamW, "
+            "but got another type. Save its state yourself in Checkpoint::extra.");
   return Kind::SGD;
 }
 
@@ -165,11 +166,11 @@ struct Loader {
   at::Tensor tensor(const c10::impl::GenericDict& s, const std::string& key,
                     const std::string& what, const at::Tensor& param) const {
     const at::Tensor t = get_tensor(s, key, what, where);
-    TORCH_CHECK(t.sizes() == param.sizes(), where, ": ", what, "['", key, "'] has shape ",
-                shape_string(t), " in the checkpoint, but the parameter has shape ",
-                shape_string(param),
-                ". Expected the optimizer of the same model, with parameters in the same "
-                "order.");
+    DDP_CHECK(t.sizes() == param.sizes(), where, ": ", what, "['", key, "'] has shape ",
+              shape_string(t), " in the checkpoint, but the parameter has shape ",
+              shape_string(param),
+              ". Expected the optimizer of the same model, with parameters in the same "
+              "order.");
     return t.to(param.options()).clone();
   }
 
@@ -183,8 +184,8 @@ struct Loader {
     }
     // Python 1.12+ saves Adam's step as a float tensor; this file saves an int.
     const c10::IValue step = get(s, "step", what, where);
-    TORCH_CHECK(step.isInt() || (step.isTensor() && step.toTensor().numel() == 1), where,
-                ": ", what, "['step'] should be an int, but is ", step.tagKind());
+    DDP_CHECK(step.isInt() || (step.isTensor() && step.toTensor().numel() == 1), where,
+              ": ", what, "['step'] should be an int, but is ", step.tagKind());
     const int64_t steps = step.isInt() ? step.toInt()
                                        : static_cast<int64_t>(step.toTensor().item<double>());
     const bool amsgrad = get_bool(group, "amsgrad", "a param group", where);
@@ -215,11 +216,11 @@ struct Loader {
       get_bool(g, "nesterov", what, where);
     } else {
       const c10::IValue betas = get(g, "betas", what, where);
-      TORCH_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, where, ": ",
-                  what, "['betas'] should be a pair of floats, but is ", betas.tagKind());
+      DDP_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, where, ": ",
+                what, "['betas'] should be a pair of floats, but is ", betas.tagKind());
       for (const auto& b : betas.toTupleRef().elements()) {
-        TORCH_CHECK(b.isDouble() || b.isInt(), where, ": ", what,
-                    "['betas'] should hold floats, but holds ", b.tagKind());
+        DDP_CHECK(b.isDouble() || b.isInt(), where, ": ", what,
+                  "['betas'] should hold floats, but holds ", b.tagKind());
       }
       get_double(g, "eps", what, where);
       get_bool(g, "amsgrad", what, where);
@@ -264,24 +265,24 @@ Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
   const Kind kind = kind_of(optimizer);
   const c10::impl::GenericDict dict = as_dict(saved, "'optimizer'", where);
   const c10::IValue type = get(dict, "type", "'optimizer'", where);
-  TORCH_CHECK(type.isString() && type.toStringRef() == kind_name(kind), where,
-              ": the checkpoint holds ", type.isString() ? type.toStringRef() : "unknown",
-              " optimizer state, but the optimizer is ", kind_name(kind),
-              ". Create the same optimizer type as the run that saved it.");
+  DDP_CHECK(type.isString() && type.toStringRef() == kind_name(kind), where,
+            ": the checkpoint holds ", type.isString() ? type.toStringRef() : "unknown",
+            " optimizer state, but the optimizer is ", kind_name(kind),
+            ". Create the same optimizer type as the run that saved it.");
   const c10::IValue groups_value = get(dict, "param_groups", "'optimizer'", where);
-  TORCH_CHECK(groups_value.isList(), where, ": optimizer['param_groups'] should be a list");
+  DDP_CHECK(groups_value.isList(), where, ": optimizer['param_groups'] should be a list");
   const c10::impl::GenericList groups = groups_value.toList();
   const c10::impl::GenericDict state =
       as_dict(get(dict, "state", "'optimizer'", where), "optimizer['state']", where);
   const c10::IValue names_value = get(dict, "param_names", "'optimizer'", where);
-  TORCH_CHECK(names_value.isList(), where, ": optimizer['param_names'] should be a list");
+  DDP_CHECK(names_value.isList(), where, ": optimizer['param_names'] should be a list");
   const c10::impl::GenericList saved_names = names_value.toList();
   const auto names = parameter_names(model);
 
   const auto& my_groups = optimizer.param_groups();
-  TORCH_CHECK(groups.size() == my_groups.size(), where, ": the checkpoint's optimizer has ",
-              groups.size(), " param group(s), but this optimizer has ", my_groups.size(),
-              ". Create the optimizer with the same param groups as the run that saved it.");
+  DDP_CHECK(groups.size() == my_groups.size(), where, ": the checkpoint's optimizer has ",
+            groups.size(), " param group(s), but this optimizer has ", my_groups.size(),
+            ". Create the optimizer with the same param groups as the run that saved it.");
 
   const Loader loader{kind, where};
   auto pending = std::make_shared<Pending>();
@@ -290,23 +291,23 @@ Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
     const c10::impl::GenericDict g = as_dict(groups.get(gi), what, where);
     loader.check_group(g, gi);
     const c10::IValue params_value = get(g, "params", what, where);
-    TORCH_CHECK(params_value.isList(), where, ": ", what, "['params'] should be a list");
+    DDP_CHECK(params_value.isList(), where, ": ", what, "['params'] should be a list");
     const c10::impl::GenericList params = params_value.toList();
     const auto& mine = my_groups[gi].params();
-    TORCH_CHECK(params.size() == mine.size(), where, ": ", what, " has ", params.size(),
-                " parameter(s) in the checkpoint, but ", mine.size(),
-                " in this optimizer. Expected the optimizer of the same model.");
+    DDP_CHECK(params.size() == mine.size(), where, ": ", what, " has ", params.size(),
+              " parameter(s) in the checkpoint, but ", mine.size(),
+              " in this optimizer. Expected the optimizer of the same model.");
     for (size_t j = 0; j < mine.size(); ++j) {
-      TORCH_CHECK(params.get(j).isInt(), where, ": ", what, "['params'] should hold ints");
+      DDP_CHECK(params.get(j).isInt(), where, ": ", what, "['params'] should hold ints");
       const int64_t index = params.get(j).toInt();
       const auto mine_name = names.find(mine[j].unsafeGetTensorImpl());
       const std::string name = mine_name == names.end() ? "" : mine_name->second;
       if (index >= 0 && static_cast<size_t>(index) < saved_names.size() &&
           saved_names.get(index).isString() && !name.empty()) {
         const std::string& saved_name = saved_names.get(index).toStringRef();
-        TORCH_CHECK(saved_name.empty() || saved_name == name, where, ": optimizer parameter ",
-                    index, " is '", saved_name, "' in the checkpoint but '", name,
-                    "' in this optimizer. Expected the parameters in the same order.");
+        DDP_CHECK(saved_name.empty() || saved_name == name, where, ": optimizer parameter ",
+                  index, " is '", saved_name, "' in the checkpoint but '", name,
+                  "' in this optimizer. Expected the parameters in the same order.");
       }
       const auto it = state.find(index);
       if (it == state.end()) continue;

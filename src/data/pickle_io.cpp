@@ -1,4 +1,5 @@
 #include "data/pickle_io.h"
+#include "core/check.h"
 
 #include "data/pickle_compat.h"
 #include "data/zip_archive.h"
@@ -108,10 +109,10 @@ c10::IValue unpickle(const std::string& bytes, const std::string& where) {
   }
   const auto newline = reason.find('\n');
   if (newline != std::string::npos) reason.resize(newline);
-  TORCH_CHECK(false, where, ": the file could not be read (", bytes.size(),
-              " bytes; unpickling failed with: ", reason,
-              "). Expected a file written by ddp::save_checkpoint or torch.save; load an "
-              "older checkpoint instead.");
+  DDP_CHECK(false, where, ": the file could not be read (", bytes.size(),
+            " bytes; unpickling failed with: ", reason,
+            "). Expected a file written by ddp::save_checkpoint or torch.save; load an "
+            "older checkpoint instead.");
   return {};
 }
 
@@ -123,49 +124,49 @@ c10::impl::GenericList new_list() { return c10::impl::GenericList(c10::AnyType::
 
 c10::impl::GenericDict as_dict(const c10::IValue& value, const std::string& what,
                                const std::string& where) {
-  TORCH_CHECK(value.isGenericDict(), where, ": expected ", what, " to be a dict, but it is ",
-              value.tagKind(), ". The file was not written by ddp::save_checkpoint.");
+  DDP_CHECK(value.isGenericDict(), where, ": expected ", what, " to be a dict, but it is ",
+            value.tagKind(), ". The file was not written by ddp::save_checkpoint.");
   return value.toGenericDict();
 }
 
 c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key,
                 const std::string& what, const std::string& where) {
   const auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), where, ": ", what, " has no key '", key,
-              "'. The file was written by something other than this version of "
-              "ddp::save_checkpoint, or for other settings.");
+  DDP_CHECK(it != dict.end(), where, ": ", what, " has no key '", key,
+            "'. The file was written by something other than this version of "
+            "ddp::save_checkpoint, or for other settings.");
   return it->value();
 }
 
 int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key,
                 const std::string& what, const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  TORCH_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ",
-              v.tagKind());
+  DDP_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ",
+            v.tagKind());
   return v.toInt();
 }
 
 double get_double(const c10::impl::GenericDict& dict, const std::string& key,
                   const std::string& what, const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  TORCH_CHECK(v.isDouble() || v.isInt(), where, ": ", what, "['", key,
-              "'] should be a float, but is ", v.tagKind());
+  DDP_CHECK(v.isDouble() || v.isInt(), where, ": ", what, "['", key,
+            "'] should be a float, but is ", v.tagKind());
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
 
 bool get_bool(const c10::impl::GenericDict& dict, const std::string& key,
               const std::string& what, const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  TORCH_CHECK(v.isBool(), where, ": ", what, "['", key, "'] should be a bool, but is ",
-              v.tagKind());
+  DDP_CHECK(v.isBool(), where, ": ", what, "['", key, "'] should be a bool, but is ",
+            v.tagKind());
   return v.toBool();
 }
 
 at::Tensor get_tensor(const c10::impl::GenericDict& dict, const std::string& key,
                       const std::string& what, const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  TORCH_CHECK(v.isTensor(), where, ": ", what, "['", key, "'] should be a tensor, but is ",
-              v.tagKind());
+  DDP_CHECK(v.isTensor(), where, ": ", what, "['", key, "'] should be a tensor, but is ",
+            v.tagKind());
   return v.toTensor();
 }
 
@@ -175,11 +176,11 @@ c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
   const c10::impl::GenericDict generic = as_dict(value, what, where);
   c10::Dict<std::string, at::Tensor> out;
   for (const auto& entry : generic) {
-    TORCH_CHECK(entry.key().isString(), where, ": ", what,
-                " should have string keys, but one is ", entry.key().tagKind());
+    DDP_CHECK(entry.key().isString(), where, ": ", what,
+              " should have string keys, but one is ", entry.key().tagKind());
     const std::string key = entry.key().toStringRef();
-    TORCH_CHECK(entry.value().isTensor(), where, ": ", what, "['", key,
-                "'] should be a tensor, but is ", entry.value().tagKind());
+    DDP_CHECK(entry.value().isTensor(), where, ": ", what, "['", key,
+              "'] should be a tensor, but is ", entry.value().tagKind());
     out.insert(key, entry.value().toTensor());
   }
   return out;

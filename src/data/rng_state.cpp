@@ -1,4 +1,5 @@
 #include "data/rng_state.h"
+#include "core/check.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -36,12 +37,12 @@ void set_state(at::Generator gen, const at::Tensor& state) {
 
 void check_state(const at::Tensor& saved, const at::Tensor& current, const std::string& what,
                  const std::string& where) {
-  TORCH_CHECK(saved.scalar_type() == at::kByte && saved.dim() == 1 &&
+  DDP_CHECK(saved.scalar_type() == at::kByte && saved.dim() == 1 &&
                   saved.numel() == current.numel(),
-              where, ": ", what, " should be a uint8 tensor of ", current.numel(),
-              " bytes (a generator state), but is ", saved.scalar_type(), " of shape ",
-              shape_string(saved), ". Save with Checkpoint::rng(true), or load with "
-              "Checkpoint::rng(false) to keep the current RNG state.");
+            where, ": ", what, " should be a uint8 tensor of ", current.numel(),
+            " bytes (a generator state), but is ", saved.scalar_type(), " of shape ",
+            shape_string(saved), ". Save with Checkpoint::rng(true), or load with "
+            "Checkpoint::rng(false) to keep the current RNG state.");
 }
 
 } // namespace
@@ -61,13 +62,13 @@ Apply prepare_rng_load(const c10::IValue& saved, const std::string& what,
   const at::Tensor cpu = get_tensor(dict, "cpu", what, where).contiguous();
   check_state(cpu, state_of(at::detail::getDefaultCPUGenerator()), what + "['cpu']", where);
   const c10::IValue cuda_value = get(dict, "cuda", what, where);
-  TORCH_CHECK(cuda_value.isList(), where, ": ", what, "['cuda'] should be a list");
+  DDP_CHECK(cuda_value.isList(), where, ": ", what, "['cuda'] should be a list");
   const c10::impl::GenericList cuda_list = cuda_value.toList();
   std::vector<at::Tensor> cuda;
   const int devices = std::min<int>(cuda_device_count(), static_cast<int>(cuda_list.size()));
   for (int i = 0; i < devices; ++i) {
     const std::string name = what + "['cuda'][" + std::to_string(i) + "]";
-    TORCH_CHECK(cuda_list.get(i).isTensor(), where, ": ", name, " should be a tensor");
+    DDP_CHECK(cuda_list.get(i).isTensor(), where, ": ", name, " should be a tensor");
     cuda.push_back(cuda_list.get(i).toTensor().contiguous());
     check_state(cuda.back(), state_of(cuda_generator(i)), name, where);
   }

@@ -3,6 +3,7 @@
 #include <ddp/process_group.h>
 
 #include "data/permutation.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 #include <torch/serialize/input-archive.h>
@@ -43,20 +44,20 @@ struct DistributedSampler::State {
   std::vector<size_t> indices;
 
   void validate() const {
-    TORCH_CHECK(dataset_size > 0,
-                "DistributedSampler: the dataset is empty (dataset_size=0); expected at "
-                "least one sample. Check that the dataset was loaded.");
-    TORCH_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, but got ",
-                num_replicas);
-    TORCH_CHECK(rank >= 0 && rank < num_replicas,
-                "DistributedSampler: rank must be in 0..", num_replicas - 1,
-                " (num_replicas=", num_replicas, "), but got ", rank,
-                ". Pass this process's rank (ddp::get_rank()).");
-    TORCH_CHECK(!options.drop_last() || dataset_size >= static_cast<size_t>(num_replicas),
-                "DistributedSampler: drop_last=true with dataset_size=", dataset_size,
-                " < num_replicas=", num_replicas,
-                " leaves no samples for any rank; expected dataset_size >= num_replicas. "
-                "Use drop_last=false (pads by repeating samples) or fewer ranks.");
+    DDP_CHECK(dataset_size > 0,
+              "DistributedSampler: the dataset is empty (dataset_size=0); expected at "
+              "least one sample. Check that the dataset was loaded.");
+    DDP_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, but got ",
+              num_replicas);
+    DDP_CHECK(rank >= 0 && rank < num_replicas,
+              "DistributedSampler: rank must be in 0..", num_replicas - 1,
+              " (num_replicas=", num_replicas, "), but got ", rank,
+              ". Pass this process's rank (ddp::get_rank()).");
+    DDP_CHECK(!options.drop_last() || dataset_size >= static_cast<size_t>(num_replicas),
+              "DistributedSampler: drop_last=true with dataset_size=", dataset_size,
+              " < num_replicas=", num_replicas,
+              " leaves no samples for any rank; expected dataset_size >= num_replicas. "
+              "Use drop_last=false (pads by repeating samples) or fewer ranks.");
   }
 
   // Python: ceil((n - R) / R) if drop_last and n % R != 0 else ceil(n / R). For n >= R
@@ -93,12 +94,12 @@ DistributedSampler::DistributedSampler(size_t dataset_size,
   s.options = options;
   s.dataset_size = dataset_size;
   if (!options.num_replicas() || !options.rank()) {
-    TORCH_CHECK(is_initialized(),
-                "DistributedSampler: ",
-                !options.num_replicas() ? "num_replicas" : "rank",
-                " is unset and no default process group is initialised. Call "
-                "ddp::init_process_group() before creating the sampler, or set both "
-                "explicitly: DistributedSamplerOptions().num_replicas(N).rank(r).");
+    DDP_CHECK(is_initialized(),
+              "DistributedSampler: ",
+              !options.num_replicas() ? "num_replicas" : "rank",
+              " is unset and no default process group is initialised. Call "
+              "ddp::init_process_group() before creating the sampler, or set both "
+              "explicitly: DistributedSamplerOptions().num_replicas(N).rank(r).");
   }
   s.num_replicas = options.num_replicas() ? *options.num_replicas() : get_world_size();
   s.rank = options.rank() ? *options.rank() : get_rank();
@@ -140,7 +141,7 @@ void DistributedSampler::reset(torch::optional<size_t> new_size) {
 torch::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   State& s = *state_;
   s.resuming = false;
-  TORCH_CHECK(batch_size > 0, "DistributedSampler::next: batch_size must be > 0, but got 0");
+  DDP_CHECK(batch_size > 0, "DistributedSampler::next: batch_size must be > 0, but got 0");
   if (s.position >= s.indices.size()) return torch::nullopt;
   const size_t end = std::min(s.indices.size(), s.position + batch_size);
   std::vector<size_t> batch(s.indices.begin() + static_cast<std::ptrdiff_t>(s.position),
@@ -168,20 +169,20 @@ namespace {
 template <typename T>
 void check_same(const char* field, const T& saved, const T& mine,
                 const DistributedSamplerState& state) {
-  TORCH_CHECK(saved == mine, "DistributedSampler::load_state: the saved state has ", field,
-              "=", saved, " but this sampler has ", field, "=", mine,
-              ". It was saved mid-epoch (position ", state.position, " of epoch ",
-              state.epoch, "), so the remaining samples depend on ", field,
-              ". Create the sampler with ", field, "=", saved,
-              ", or resume from a checkpoint saved at an epoch boundary.");
+  DDP_CHECK(saved == mine, "DistributedSampler::load_state: the saved state has ", field,
+            "=", saved, " but this sampler has ", field, "=", mine,
+            ". It was saved mid-epoch (position ", state.position, " of epoch ",
+            state.epoch, "), so the remaining samples depend on ", field,
+            ". Create the sampler with ", field, "=", saved,
+            ", or resume from a checkpoint saved at an epoch boundary.");
 }
 
 } // namespace
 
 void DistributedSampler::check_state(const DistributedSamplerState& state) const {
   const State& s = *state_;
-  TORCH_CHECK(state.position >= 0, "DistributedSampler::load_state: position must be >= 0, "
-              "but got ", state.position);
+  DDP_CHECK(state.position >= 0, "DistributedSampler::load_state: position must be >= 0, "
+            "but got ", state.position);
   if (state.position > 0) {
     check_same("dataset_size", state.dataset_size, static_cast<int64_t>(s.dataset_size),
                state);
@@ -190,10 +191,10 @@ void DistributedSampler::check_state(const DistributedSamplerState& state) const
     check_same("shuffle", state.shuffle, s.options.shuffle(), state);
     check_same("seed", state.seed, s.options.seed(), state);
     check_same("drop_last", state.drop_last, s.options.drop_last(), state);
-    TORCH_CHECK(static_cast<size_t>(state.position) <= s.num_samples,
-                "DistributedSampler::load_state: position ", state.position,
-                " is past the end of the epoch (", s.num_samples,
-                " samples per rank); the state is corrupt.");
+    DDP_CHECK(static_cast<size_t>(state.position) <= s.num_samples,
+              "DistributedSampler::load_state: position ", state.position,
+              " is past the end of the epoch (", s.num_samples,
+              " samples per rank); the state is corrupt.");
   }
 }
 
@@ -223,9 +224,9 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   auto read = [&](const char* key) {
     c10::IValue v;
-    TORCH_CHECK(archive.try_read(key, v),
-                "DistributedSampler::load: the archive has no '", key,
-                "'; expected one written by ddp::DistributedSampler::save.");
+    DDP_CHECK(archive.try_read(key, v),
+              "DistributedSampler::load: the archive has no '", key,
+              "'; expected one written by ddp::DistributedSampler::save.");
     return v;
   };
   DistributedSamplerState st;

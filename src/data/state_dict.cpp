@@ -3,6 +3,7 @@
 #include <ddp/checkpoint.h>
 
 #include "data/atomic_file.h"
+#include "core/check.h"
 #include "data/pickle_io.h"
 #include "data/state_dict.h"
 
@@ -100,7 +101,7 @@ Apply prepare_model_load(torch::nn::Module& model,
     for (const auto& m : mismatched) os << " Size mismatch for " << m << ".";
     os << " Expected the state dict of the same architecture (keys as Python's "
           "module.state_dict(), e.g. 'conv1.weight').";
-    TORCH_CHECK(false, os.str());
+    DDP_CHECK(false, os.str());
   }
   return [mine, state] {
     torch::NoGradGuard no_grad;
@@ -120,7 +121,7 @@ void load_model_state_dict(torch::nn::Module& model,
 
 c10::Dict<std::string, at::Tensor> read_state_dict(const std::string& path) {
   const std::string where = "read_state_dict('" + path + "')";
-  TORCH_CHECK(detail::file_exists(path), where, ": no such file");
+  DDP_CHECK(detail::file_exists(path), where, ": no such file");
   const c10::IValue value = detail::unpickle(detail::read_file(path), where);
   if (value.isGenericDict()) {
     const c10::impl::GenericDict dict = value.toGenericDict();

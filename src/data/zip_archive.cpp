@@ -1,4 +1,5 @@
 #include "data/zip_archive.h"
+#include "core/check.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -179,9 +180,9 @@ std::string write_zip(const std::vector<std::pair<std::string, std::string_view>
   for (const auto& record : records) {
     const std::string& name = record.first;
     const std::string_view data = record.second;
-    TORCH_CHECK(data.size() < 0xffffffffu && out.size() < 0xffffffffu,
-                "record '", name, "' of ", data.size(), " bytes is too large for rewriting a "
-                "Python pickle (4 GiB at most); see Note [Python pickles]");
+    DDP_CHECK(data.size() < 0xffffffffu && out.size() < 0xffffffffu,
+              "record '", name, "' of ", data.size(), " bytes is too large for rewriting a "
+              "Python pickle (4 GiB at most); see Note [Python pickles]");
     const uint32_t crc = crc32()(reinterpret_cast<const unsigned char*>(data.data()), data.size());
     const uint64_t local = out.size();
     put(out, kLocalSig, 4);

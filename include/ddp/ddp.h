@@ -8,6 +8,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/errors.h>
+#include <ddp/join.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler.h>
 #include <ddp/sync_batchnorm.h>

@@ -50,7 +50,8 @@ struct InitOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
   /// "detail": before every collective, check across ranks that all make the same call
   /// (op, dtypes, shapes, root), and name the rank that differs; slow. "off": no check.
-  /// Empty: the DDP_DEBUG environment variable, else "off". See docs/debugging.md.
+  /// Empty: the DDP_DEBUG environment variable, else PyTorch's TORCH_DISTRIBUTED_DEBUG
+  /// (DETAIL is "detail"; OFF and INFO are "off"), else "off". See docs/debugging.md.
   TORCH_ARG(std::string, debug) = "";
 };
 
@@ -167,9 +168,10 @@ int get_local_world_size();
 c10::Device get_device();
 
 void barrier();
+/// ProcessGroup::monitored_barrier on the default group, with its timeout.
+void monitored_barrier();
 /// ProcessGroup::monitored_barrier on the default group.
-void monitored_barrier(std::chrono::milliseconds timeout = kDefaultTimeout,
-                       bool wait_all_ranks = true);
+void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks = true);
 void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
 void broadcast(at::Tensor& tensor, int src = 0);
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor);

@@ -89,6 +89,11 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
                      "barrier, or gone.");
 }
 
+void monitored_barrier() {
+  const auto pg = default_group();
+  pg->monitored_barrier(pg->timeout());
+}
+
 void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks) {
   default_group()->monitored_barrier(timeout, wait_all_ranks);
 }

@@ -148,8 +148,14 @@ void parse_host_port(const std::string& spec, const std::string& what, std::stri
 // Debug mode and flight recorder (Note [Collective fingerprints], Note [Flight recorder]).
 void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
   std::string debug = o.debug();
-  if (debug.empty()) debug = env_string("DDP_DEBUG").value_or("off");
+  if (debug.empty()) debug = env_string("DDP_DEBUG").value_or("");
   for (char& ch : debug) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (debug.empty()) {
+    // PyTorch's variable, for jobs that already set it: DETAIL checks every collective.
+    std::string torch_level = env_string("TORCH_DISTRIBUTED_DEBUG").value_or("off");
+    for (char& ch : torch_level) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    debug = torch_level == "detail" ? "detail" : "off";
+  }
   DDP_CHECK(debug == "off" || debug == "detail", "debug mode must be \"off\" or "
             "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
   c.debug_detail = debug == "detail";

@@ -72,6 +72,19 @@ DDP_SCENARIO(debug_different_shapes) {
   });
 }
 
+// PyTorch's variable turns the mode on too (the test sets TORCH_DISTRIBUTED_DEBUG).
+DDP_SCENARIO(torch_debug_env_shapes) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(20)));
+  try {
+    auto t = at::ones({ddp::get_rank() == 1 ? 5 : 4});
+    ddp::all_reduce(t);
+  } catch (const ddp::MismatchError& e) {
+    std::fprintf(stderr, "MismatchError: %s\n", e.what());
+    return kMismatch;
+  }
+  return 0;
+}
+
 DDP_SCENARIO(debug_matching_calls) {
   return with_debug_group([] {
     auto t = at::full({4}, static_cast<float>(ddp::get_rank() + 1));
@@ -109,6 +122,17 @@ TEST_P(DiagnosticsMultiProcTest, DebugModeNamesDifferentShapes) {
     EXPECT_EQ(r.exit_code, kMismatch) << r.output;
     expect_has(r, "rank 1 is at all_reduce(sum) #1 [float 5] while rank 0 is at all_reduce(sum) "
                   "#1 [float 4]");
+  }
+}
+
+TEST_P(DiagnosticsMultiProcTest, TorchDistributedDebugDetailAlsoTurnsItOn) {
+  ProcessOptions o;
+  o.env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL";
+  o.env["DDP_DEBUG"] = "";
+  const auto results = run_processes(GetParam(), "torch_debug_env_shapes", o);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, kMismatch) << r.output;
+    expect_has(r, "rank 1 is at all_reduce(sum) #1 [float 5]");
   }
 }
 
@@ -180,6 +204,7 @@ TEST_P(DiagnosticsMultiProcTest, MonitoredBarrierNamesAStuckRank) {
 DDP_SCENARIO(monitored_barrier_all_arrive) {
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(30)));
   for (int i = 0; i < 3; ++i) ddp::monitored_barrier(std::chrono::seconds(20));
+  ddp::monitored_barrier();  // the group's timeout
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "core/flight_recorder.h"
 
+#include "core/json_quote.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -15,34 +17,6 @@ int64_t wall_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// JSON string literal of `s` (the recorder writes its small file by hand, so that the
-// library needs no JSON dependency).
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 const char* state_name(int s) {
@@ -137,16 +111,17 @@ std::string FlightRecorder::dump(const std::string& reason) {
   dumped_ = true;
   std::ostringstream doc;
   doc << "{\"rank\": " << rank_ << ", \"world_size\": " << world_size_
-      << ", \"backend\": " << quote(backend_) << ", \"pid\": " << ::getpid()
-      << ", \"reason\": " << quote(reason) << ", \"dumped_us\": " << wall_us()
+      << ", \"backend\": " << json_quote(backend_) << ", \"pid\": " << ::getpid()
+      << ", \"reason\": " << json_quote(reason) << ", \"dumped_us\": " << wall_us()
       << ",\n \"entries\": [";
   const std::vector<Entry> entries = ordered();
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
-    doc << (i == 0 ? "\n  " : ",\n  ") << "{\"seq\": " << e.seq << ", \"what\": " << quote(e.what)
-        << ", \"start_us\": " << e.start_us << ", \"end_us\": " << e.end_us
+    doc << (i == 0 ? "\n  " : ",\n  ") << "{\"seq\": " << e.seq
+        << ", \"what\": " << json_quote(e.what) << ", \"start_us\": " << e.start_us
+        << ", \"end_us\": " << e.end_us
         << ", \"state\": \"" << state_name(static_cast<int>(e.state)) << "\"";
-    if (!e.error.empty()) doc << ", \"error\": " << quote(e.error);
+    if (!e.error.empty()) doc << ", \"error\": " << json_quote(e.error);
     doc << "}";
   }
   doc << "\n]}\n";

@@ -28,28 +28,6 @@ std::string trace_file_for_rank(const std::string& path, int rank) {
   return path + ".rank" + r;
 }
 
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 TraceWriter::TraceWriter(const std::string& path, int rank)
     : path_(path), rank_(rank), file_(path, std::ios::out | std::ios::trunc) {
   DDP_CHECK(file_.good(), "DistributedDataParallel on rank ", rank,

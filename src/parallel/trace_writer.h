@@ -10,6 +10,7 @@
 //   kUserTrack     user scopes (ddp::trace::Scope), e.g. optimizer.step
 //   kBucketTrack+b bucket b's all-reduce, launch -> done
 
+#include "core/json_quote.h"
 #include "parallel/clock.h"
 
 #include <cstdint>
@@ -60,9 +61,6 @@ class TraceWriter {
   bool first_event_ = true;
   std::streampos end_of_events_ = 0;
 };
-
-/// JSON string literal for `s`, quotes included.
-std::string json_quote(const std::string& s);
 
 } // namespace detail
 } // namespace ddp

@@ -148,19 +148,24 @@ void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tens
   }
 }
 
+// Rank r's loss on its batch k: single-process (reference) and through DDP.
+at::Tensor plain_loss(ddp_test::Mlp& m, int r, int k) {
+  return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
+}
+at::Tensor plain_ddp_loss(ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r,
+                          int k) {
+  return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
+}
+
 class JoinTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(JoinTest, UnevenBatchesMatchSingleProcessAverages) {
   const Variant v = GetParam();
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
-    return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
-  });
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg),
-        [](ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r, int k) {
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        });
+        plain_ddp_loss);
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -207,15 +212,11 @@ TEST_P(JoinTest, UnusedParametersDifferByRankAndStep) {
 
 TEST_P(JoinTest, StaticGraphAndGradientAsBucketView) {
   const Variant v = GetParam();
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
-    return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
-  });
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg).static_graph(true).gradient_as_bucket_view(true),
-        [](ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r, int k) {
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        });
+        plain_ddp_loss);
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -227,15 +228,11 @@ TEST_P(JoinTest, CustomCommHookIsShadowedWithZeros) {
   // hooks do), so the expectation is the initial-world-size average.
   Variant ref_v = v;
   ref_v.divide_by_initial = true;
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), ref_v, [](ddp_test::Mlp& m, int r, int k) {
-    return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
-  });
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), ref_v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg),
-        [](ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r, int k) {
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        },
+        plain_ddp_loss,
         ddp::comm_hooks::allreduce_hook());
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
@@ -343,15 +340,11 @@ TEST_P(JoinWorldTest, EarlyTerminationIsItsOwnType) {
 TEST_P(JoinWorldTest, DisabledJoinIsPlainDdp) {
   // Every rank has as many batches, which a disabled join needs.
   const Variant v{GetParam(), 3, true, /*even=*/true};
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
-    return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
-  });
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg),
-        [](ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r, int k) {
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        },
+        plain_ddp_loss,
         nullptr, /*enable=*/false);
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
@@ -422,15 +415,11 @@ INSTANTIATE_TEST_SUITE_P(Worlds, JoinWorldTest, ::testing::Values(2, 3));
 
 TEST(JoinWorldOneTest, RunsTheBodyAndMatchesSingleProcess) {
   const Variant v{1, 3, true};
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
-    return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
-  });
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg),
-        [](ddp::DistributedDataParallel<ddp_test::Mlp>& d, ddp_test::Mlp&, int r, int k) {
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        });
+        plain_ddp_loss);
     expect_close(got, want, 1e-6);
   });
 }

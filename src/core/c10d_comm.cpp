@@ -311,7 +311,7 @@ c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
       opts.timeout = c.timeout;
       // A client that cannot reach the master gets one clear error from us; c10d's own
       // log lines about each failed attempt would only repeat it.
-      QuietC10Logging quiet;
+      [[maybe_unused]] QuietC10Logging quiet;  // empty with glog
       return c10::make_intrusive<c10d::TCPStore>(c.master_addr, opts);
     }
     case CommConfig::StoreKind::kNone:

@@ -8,7 +8,7 @@
 // matrix products) for the whole measurement, the way backward computes while DDP's
 // buckets are in flight: the same all-reduce, but sharing the cores with work.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -8,7 +8,7 @@
 //
 // Run under ddprun (single host):  ddprun --nproc-per-node 2 --no-prefix -- bench_diagnostics
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 

@@ -11,9 +11,9 @@
 
 #include "models.h"
 
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
-#include <ddp/trace.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/distributed/process_group.h>
+#include <ddp/parallel/trace.h>
 
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>

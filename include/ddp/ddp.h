@@ -1,15 +1,26 @@
 #pragma once
 
 // ddp-cpp: PyTorch-style DistributedDataParallel for LibTorch programs.
-// One include for everything.
+// One include for everything. The parts, one folder each (docs/layout.md):
+//   distributed/  process groups, collectives, rendezvous
+//   parallel/     DistributedDataParallel, its hooks and statistics, Join, SyncBatchNorm
+//   amp/          autocast and the gradient scaler
+//   data/         DistributedSampler
+//   serialize/    checkpoints and state dicts that Python's torch.load reads
 
-#include <ddp/amp.h>
-#include <ddp/checkpoint.h>
-#include <ddp/comm_hooks.h>
-#include <ddp/distributed_data_parallel.h>
 #include <ddp/errors.h>
-#include <ddp/join.h>
-#include <ddp/process_group.h>
-#include <ddp/sampler.h>
-#include <ddp/sync_batchnorm.h>
-#include <ddp/trace.h>
+
+#include <ddp/distributed/process_group.h>
+
+#include <ddp/parallel/comm_hooks.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/join.h>
+#include <ddp/parallel/sync_batchnorm.h>
+#include <ddp/parallel/trace.h>
+
+#include <ddp/amp/autocast.h>
+#include <ddp/amp/grad_scaler.h>
+
+#include <ddp/data/distributed_sampler.h>
+
+#include <ddp/serialize/checkpoint.h>

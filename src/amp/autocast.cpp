@@ -1,6 +1,6 @@
 // AutocastGuard: torch.autocast's __enter__ and __exit__ for C++.
 
-#include <ddp/amp.h>
+#include <ddp/amp/autocast.h>
 
 #include "amp/autocast_compat.h"
 #include "core/check.h"

@@ -1,6 +1,6 @@
 // GradScaler: torch.amp.GradScaler for LibTorch, in the same order of operations.
 
-#include <ddp/amp.h>
+#include <ddp/amp/grad_scaler.h>
 
 #include "amp/scaler_kernels.h"
 #include "core/check.h"

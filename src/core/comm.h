@@ -4,7 +4,7 @@
 // type lives in c10d_comm.cpp; the LibTorch 1.13 / 2.x differences live there too.
 // The rest of the library sees only this header.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <chrono>
 #include <memory>

@@ -7,7 +7,7 @@
 // the store rather than the backend, it still answers while a backend collective hangs.
 
 #include <ddp/errors.h>
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include "core/check.h"
 #include "core/comm.h"

@@ -1,4 +1,4 @@
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ddp/errors.h>
 

@@ -3,7 +3,7 @@
 // Rendezvous: how this process finds its peers. The environment variables it reads
 // (environment.cpp), and the plan made from them and InitOptions (rendezvous.cpp).
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <optional>
 #include <string>

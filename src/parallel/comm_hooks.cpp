@@ -1,4 +1,4 @@
-#include <ddp/comm_hooks.h>
+#include <ddp/parallel/comm_hooks.h>
 
 #include "parallel/bucket.h"
 #include "core/check.h"

@@ -1,4 +1,4 @@
-#include <ddp/distributed_data_parallel.h>
+#include <ddp/parallel/distributed_data_parallel.h>
 
 #include <ddp/errors.h>
 

@@ -1,4 +1,4 @@
-#include <ddp/join.h>
+#include <ddp/parallel/join.h>
 
 #include <ddp/errors.h>
 

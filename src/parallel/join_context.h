@@ -17,8 +17,8 @@
 // Trainers that disagree about no_sync would issue different collectives; the round
 // shows it and every rank raises MismatchError instead.
 
-#include <ddp/join.h>
-#include <ddp/process_group.h>
+#include <ddp/parallel/join.h>
+#include <ddp/distributed/process_group.h>
 
 #include <cstdint>
 

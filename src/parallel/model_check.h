@@ -5,7 +5,7 @@
 // rank compares all of them with rank 0's, so all ranks reach the same verdict and
 // raise the same MismatchError.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 

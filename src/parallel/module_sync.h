@@ -4,7 +4,7 @@
 // start from the same weights) and, for buffers, before each forward that records
 // gradients (broadcast_buffers).
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 

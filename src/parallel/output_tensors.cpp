@@ -1,4 +1,4 @@
-#include <ddp/output_tensors.h>
+#include <ddp/parallel/output_tensors.h>
 
 namespace ddp {
 namespace detail {

@@ -49,9 +49,9 @@
 // nothing. The callback holds a plain pointer: the engine runs it before the backward
 // that queued it returns, and the reducer is not destroyed inside its own backward.
 
-#include <ddp/comm_hooks.h>
-#include <ddp/iteration_stats.h>
-#include <ddp/process_group.h>
+#include <ddp/parallel/comm_hooks.h>
+#include <ddp/parallel/iteration_stats.h>
+#include <ddp/distributed/process_group.h>
 
 #include "parallel/bucket.h"
 #include "parallel/bucket_assignment.h"

@@ -70,7 +70,7 @@ void Reducer::fail_unknown_output(const char* type) const {
       "forward's output to find the unused parameters, but forward returned a ",
       c10::demangle(type), ", which DDP cannot search. Return a Tensor, std::vector, "
       "std::tuple, std::pair or c10::IValue, or specialise ddp::OutputTensors for this type "
-      "(see ddp/output_tensors.h)."));
+      "(see ddp/parallel/output_tensors.h)."));
 }
 
 void Reducer::fail_unfinished() const {

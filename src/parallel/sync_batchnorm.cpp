@@ -3,7 +3,7 @@
 // sync_batchnorm_stats.cpp (forward statistics) and sync_batchnorm_function.cpp (the
 // autograd Function and its backward).
 
-#include <ddp/sync_batchnorm.h>
+#include <ddp/parallel/sync_batchnorm.h>
 
 #include <ddp/errors.h>
 

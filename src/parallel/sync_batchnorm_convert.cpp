@@ -15,7 +15,7 @@
 // anything. Containers are updated along with the registry, so their forward runs the
 // new layers.
 
-#include <ddp/sync_batchnorm.h>
+#include <ddp/parallel/sync_batchnorm.h>
 
 #include "core/check.h"
 

@@ -7,7 +7,7 @@
 // sync_batchnorm_stats.cpp and sync_batchnorm_function.cpp hold them; the maths is in
 // docs/sync_batchnorm.md.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 

@@ -1,8 +1,8 @@
 #include "parallel/trace_writer.h"
 #include "core/check.h"
 
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/trace.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/trace.h>
 
 #include <c10/util/Exception.h>
 

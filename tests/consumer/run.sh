@@ -39,4 +39,6 @@ cmake -S "$here/project" -B "$work/from-install" -G Ninja \
 ninja -C "$work/from-install" >/dev/null
 "$work/from-install/consumer"
 test -f "$work/prefix/include/ddp/ddp.h"
+test -f "$work/prefix/include/ddp/data/distributed_sampler.h"
+test -f "$work/prefix/include/ddp/sampler.h"
 rm -rf "$work"

@@ -7,7 +7,7 @@
 #include "support/harness.h"
 
 #include <ddp/errors.h>
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

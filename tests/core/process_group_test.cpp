@@ -5,7 +5,7 @@
 #include "../../src/core/comm.h"
 
 #include <ddp/errors.h>
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

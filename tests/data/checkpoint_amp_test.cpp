@@ -5,10 +5,10 @@
 #include "data/data_test_util.h"
 #include "support/harness.h"
 
-#include "../../src/data/pickle_io.h"
+#include "../../src/serialize/pickle_io.h"
 
-#include <ddp/amp.h>
-#include <ddp/checkpoint.h>
+#include <ddp/amp/grad_scaler.h>
+#include <ddp/serialize/checkpoint.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -6,10 +6,10 @@
 #include "data/data_test_util.h"
 #include "support/harness.h"
 
-#include <ddp/checkpoint.h>
-#include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
-#include <ddp/sampler.h>
+#include <ddp/serialize/checkpoint.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/distributed/process_group.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

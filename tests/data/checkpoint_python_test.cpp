@@ -4,8 +4,8 @@
 #include "data/data_test_util.h"
 #include "support/harness.h"
 
-#include <ddp/checkpoint.h>
-#include <ddp/sampler.h>
+#include <ddp/serialize/checkpoint.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

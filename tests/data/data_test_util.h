@@ -4,7 +4,7 @@
 
 #include "support/harness.h"
 
-#include <ddp/checkpoint.h>
+#include <ddp/serialize/checkpoint.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 #include "data/data_test_util.h"
 #include "support/harness.h"
 
-#include <ddp/sampler.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -4,8 +4,8 @@
 #include "data/data_test_util.h"
 #include "support/harness.h"
 
-#include <ddp/process_group.h>
-#include <ddp/sampler.h>
+#include <ddp/distributed/process_group.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include <gtest/gtest.h>
 #include <torch/data.h>

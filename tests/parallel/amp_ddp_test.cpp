@@ -8,8 +8,9 @@
 #include "../../src/amp/scaler_kernels.h"
 #include "../../src/core/comm.h"
 
-#include <ddp/amp.h>
-#include <ddp/comm_hooks.h>
+#include <ddp/amp/autocast.h>
+#include <ddp/amp/grad_scaler.h>
+#include <ddp/parallel/comm_hooks.h>
 
 #include <torch/optim/sgd.h>
 

@@ -7,7 +7,7 @@
 
 #include "../../src/amp/scaler_kernels.h"
 
-#include <ddp/amp.h>
+#include <ddp/amp/grad_scaler.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

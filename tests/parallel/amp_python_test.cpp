@@ -10,7 +10,7 @@
 #include "parallel/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
 
-#include <ddp/amp.h>
+#include <ddp/amp/grad_scaler.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/optim/sgd.h>

@@ -7,8 +7,8 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include <ddp/comm_hooks.h>
-#include <ddp/join.h>
+#include <ddp/parallel/comm_hooks.h>
+#include <ddp/parallel/join.h>
 
 #include <torch/nn/modules/linear.h>
 

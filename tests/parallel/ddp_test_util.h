@@ -7,7 +7,7 @@
 
 #include "support/harness.h"
 
-#include <ddp/distributed_data_parallel.h>
+#include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/errors.h>
 
 #include <ATen/ATen.h>

@@ -3,7 +3,7 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include <ddp/trace.h>
+#include <ddp/parallel/trace.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/optim/sgd.h>

@@ -10,7 +10,7 @@
 #include "../../src/core/comm.h"
 #include "../../src/core/rendezvous.h"
 
-#include <ddp/sync_batchnorm.h>
+#include <ddp/parallel/sync_batchnorm.h>
 
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/modules/container/moduledict.h>

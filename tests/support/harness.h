@@ -10,7 +10,7 @@
 //
 // Both collect every rank's failure and report the first, with its rank.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <c10/util/Exception.h>
 

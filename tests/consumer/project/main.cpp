@@ -1,4 +1,5 @@
 #include <ddp/ddp.h>
+#include <ddp/sampler.h>  // 0.1's flat path still compiles (include/compat)
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "data/pickle_io.h"
+#include "serialize/pickle_io.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-#include "data/zip_archive.h"
+#include "serialize/zip_archive.h"
 #include "core/check.h"
 
 #include <c10/util/Exception.h>

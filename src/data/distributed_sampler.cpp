@@ -1,6 +1,6 @@
-#include <ddp/sampler.h>
+#include <ddp/data/distributed_sampler.h>
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include "data/permutation.h"
 #include "core/check.h"

@@ -1,10 +1,10 @@
 // A directory of checkpoints: <prefix>-<step>.pt files, a `latest` pointer, keep_last.
 
-#include <ddp/checkpoint.h>
+#include <ddp/serialize/checkpoint.h>
 
-#include "data/atomic_file.h"
+#include "serialize/atomic_file.h"
 #include "core/check.h"
-#include "data/checkpoint_io.h"
+#include "serialize/checkpoint_io.h"
 
 #include <c10/util/Exception.h>
 

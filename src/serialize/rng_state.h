@@ -2,7 +2,7 @@
 
 // This process's random number generator states.
 
-#include "data/pickle_io.h"
+#include "serialize/pickle_io.h"
 
 #include <string>
 

@@ -29,8 +29,8 @@
 //   "scaler":    GradScaler.state_dict() (Python's keys), when a grad scaler is set
 //   "extra":     the caller's own values
 
-#include <ddp/process_group.h>
-#include <ddp/sampler.h>
+#include <ddp/distributed/process_group.h>
+#include <ddp/data/distributed_sampler.h>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>

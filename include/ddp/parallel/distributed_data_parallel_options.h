@@ -4,7 +4,7 @@
 // torch.nn.parallel.DistributedDataParallel; each field says what it means for a single
 // process.
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <torch/arg.h>
 

@@ -11,7 +11,7 @@
 //   auto dmodel = ddp::DistributedDataParallel(model);
 //   ... dmodel(x) ... loss.backward(); optimizer.step();
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>

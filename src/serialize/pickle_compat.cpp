@@ -1,4 +1,4 @@
-#include "data/pickle_compat.h"
+#include "serialize/pickle_compat.h"
 
 #include <algorithm>
 #include <cstdint>

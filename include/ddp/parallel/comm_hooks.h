@@ -14,7 +14,7 @@
 //     return bucket.process_group().all_reduce_async(tensors, ddp::ReduceOp::AVG).future();
 //   });
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

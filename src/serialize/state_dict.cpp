@@ -1,11 +1,11 @@
 // Model state dicts with Python's keys and order.
 
-#include <ddp/checkpoint.h>
+#include <ddp/serialize/checkpoint.h>
 
-#include "data/atomic_file.h"
+#include "serialize/atomic_file.h"
 #include "core/check.h"
-#include "data/pickle_io.h"
-#include "data/state_dict.h"
+#include "serialize/pickle_io.h"
+#include "serialize/state_dict.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>

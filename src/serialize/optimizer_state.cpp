@@ -1,4 +1,4 @@
-#include "data/optimizer_state.h"
+#include "serialize/optimizer_state.h"
 #include "core/check.h"
 
 #include <c10/util/Exception.h>

@@ -1,8 +1,8 @@
-#include "data/pickle_io.h"
+#include "serialize/pickle_io.h"
 #include "core/check.h"
 
-#include "data/pickle_compat.h"
-#include "data/zip_archive.h"
+#include "serialize/pickle_compat.h"
+#include "serialize/zip_archive.h"
 
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>

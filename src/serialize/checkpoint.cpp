@@ -1,18 +1,18 @@
-// save_checkpoint / load_checkpoint for one file. See include/ddp/checkpoint.h for the
+// save_checkpoint / load_checkpoint for one file. See include/ddp/serialize/checkpoint.h for the
 // file layout.
 
-#include <ddp/checkpoint.h>
+#include <ddp/serialize/checkpoint.h>
 
-#include <ddp/amp.h>
+#include <ddp/amp/grad_scaler.h>
 
 #include "amp/scaler_state.h"
 #include "core/check.h"
-#include "data/atomic_file.h"
-#include "data/checkpoint_io.h"
-#include "data/optimizer_state.h"
-#include "data/pickle_io.h"
-#include "data/rng_state.h"
-#include "data/state_dict.h"
+#include "serialize/atomic_file.h"
+#include "serialize/checkpoint_io.h"
+#include "serialize/optimizer_state.h"
+#include "serialize/pickle_io.h"
+#include "serialize/rng_state.h"
+#include "serialize/state_dict.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>

@@ -1,4 +1,4 @@
-#include "data/atomic_file.h"
+#include "serialize/atomic_file.h"
 #include "core/check.h"
 
 #include <c10/util/Exception.h>

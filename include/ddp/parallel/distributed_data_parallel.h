@@ -18,13 +18,13 @@
 //   }
 //   if (ddp::get_rank() == 0) torch::save(dmodel->module(), "model.pt");
 
-#include <ddp/comm_hooks.h>
-#include <ddp/distributed_data_parallel_options.h>
-#include <ddp/iteration_stats.h>
-#include <ddp/join.h>
-#include <ddp/output_tensors.h>
-#include <ddp/process_group.h>
-#include <ddp/trace.h>
+#include <ddp/parallel/comm_hooks.h>
+#include <ddp/parallel/distributed_data_parallel_options.h>
+#include <ddp/parallel/iteration_stats.h>
+#include <ddp/parallel/join.h>
+#include <ddp/parallel/output_tensors.h>
+#include <ddp/distributed/process_group.h>
+#include <ddp/parallel/trace.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -76,11 +76,11 @@ class DistributedDataParallelBase : public torch::nn::Module, public Joinable {
   /// Example: { auto guard = dmodel->no_sync(); dmodel(x1)... .backward(); }
   NoSyncGuard no_sync();
 
-  /// Marks a span of user code on this model's trace (see ddp/trace.h).
+  /// Marks a span of user code on this model's trace (see ddp/parallel/trace.h).
   trace::Scope trace_scope(std::string name) const;
 
   /// Runs `body` (this rank's training loop) so that ranks with fewer batches keep the
-  /// others going: ddp::join({this}, body, options). See ddp/join.h and docs/join.md.
+  /// others going: ddp::join({this}, body, options). See ddp/parallel/join.h and docs/join.md.
   /// Example: dmodel->join([&] { for (auto& b : batches) { ...; loss.backward(); } });
   void join(const std::function<void()>& body, const JoinOptions& options = JoinOptions());
 

@@ -1,4 +1,4 @@
-#include "data/rng_state.h"
+#include "serialize/rng_state.h"
 #include "core/check.h"
 
 #include <ATen/CPUGeneratorImpl.h>

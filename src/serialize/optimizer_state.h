@@ -2,7 +2,7 @@
 
 // LibTorch optimizers <-> Python's optimizer.state_dict() layout.
 
-#include "data/pickle_io.h"
+#include "serialize/pickle_io.h"
 
 #include <string>
 

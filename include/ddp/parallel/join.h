@@ -24,7 +24,7 @@
 // With options:
 //   ddp::join({dmodel.get()}, body, ddp::JoinOptions().divide_by_initial_world_size(false));
 
-#include <ddp/process_group.h>
+#include <ddp/distributed/process_group.h>
 
 #include <torch/arg.h>
 

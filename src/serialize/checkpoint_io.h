@@ -1,6 +1,6 @@
 #pragma once
 
-#include <ddp/checkpoint.h>
+#include <ddp/serialize/checkpoint.h>
 
 #include <functional>
 #include <memory>

@@ -32,6 +32,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
 #ifdef DDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
@@ -51,6 +52,7 @@
 #include <mutex>
 
 #include <signal.h>
+#include <unistd.h>
 
 namespace ddp {
 namespace detail {
@@ -309,6 +311,13 @@ c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
       opts.numWorkers = static_cast<std::size_t>(c.world_size);
       opts.waitWorkers = false;  // the backend's own rendezvous waits for everyone
       opts.timeout = c.timeout;
+      if (c.master_listen_fd >= 0) {  // Note [Handed-over port] in rendezvous.cpp
+#if TORCH_VERSION_MAJOR >= 2
+        opts.masterListenFd = c.master_listen_fd;
+#else
+        ::close(c.master_listen_fd);
+#endif
+      }
       // A client that cannot reach the master gets one clear error from us; c10d's own
       // log lines about each failed attempt would only repeat it.
       [[maybe_unused]] QuietC10Logging quiet;  // empty with glog

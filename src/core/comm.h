@@ -30,6 +30,7 @@ struct CommConfig {
   std::string store_path;       // kFile
   std::string master_addr;      // kTcp
   int master_port = 0;          // kTcp
+  int master_listen_fd = -1;    // kTcp, rank 0: DDP_MASTER_LISTEN_FD (Note [Handed-over port])
   std::string init_method;      // for messages
 
   // Gloo binds its connections here: an interface name, or else an address.

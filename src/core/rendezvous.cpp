@@ -27,9 +27,11 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -168,6 +170,36 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
   c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
 }
 
+// Note [Handed-over port]
+// A launcher that picks the master's port binds and listens on it itself, and hands the
+// listening socket to rank 0 (DDP_MASTER_LISTEN_FD, inherited across exec), whose store
+// serves on it. The port is then never free between being chosen and being served, so
+// two jobs (or two tests) started at once cannot pick the same one. LibTorch 2.x's
+// TCPStore takes the socket as it is; 1.13's cannot, so there it is closed just before
+// the store binds the same port again (c10d_comm.cpp).
+int checked_listen_fd(int fd, const CommConfig& c) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  int listening = 0;
+  socklen_t optlen = sizeof(listening);
+  DDP_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+                ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) == 0 &&
+                listening != 0,
+            "DDP_MASTER_LISTEN_FD=", fd, " is not a listening socket of this process (rank ",
+            c.rank, "). A launcher that sets it must bind and listen on MASTER_PORT and ",
+            "leave the descriptor open across exec; otherwise unset it.");
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  }
+  DDP_CHECK(port == c.master_port, "DDP_MASTER_LISTEN_FD=", fd, " listens on port ", port,
+            ", but the master port is ", c.master_port, " (", c.init_method,
+            "). Hand over the socket of the master port, or unset DDP_MASTER_LISTEN_FD.");
+  return fd;
+}
+
 } // namespace
 
 CommConfig resolve_rendezvous(const InitOptions& o) {
@@ -264,6 +296,13 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
               "'.");
   }
 
+  if (c.store == CommConfig::StoreKind::kTcp && c.rank == 0) {
+    // The socket serves one store: a group made later in the process binds the port itself.
+    static std::atomic<bool> listen_fd_taken{false};
+    if (auto fd = env_int("DDP_MASTER_LISTEN_FD"); fd && !listen_fd_taken.exchange(true)) {
+      c.master_listen_fd = checked_listen_fd(*fd, c);
+    }
+  }
   if (c.store == CommConfig::StoreKind::kTcp) {
     if (auto iface = env_string("GLOO_SOCKET_IFNAME")) {
       c.gloo_interface = *iface;

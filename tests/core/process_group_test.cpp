@@ -353,7 +353,9 @@ TEST(ProcessGroupTest, FileStoreRendezvousTimesOut) {
 }
 
 TEST(ProcessGroupTest, MasterThatNeverAnswersTimesOut) {
-  const int port = ddp_test::free_port();
+  // Held but not listening: every connection attempt is refused until the timeout.
+  ddp_test::HeldPort held(/*listen=*/false);
+  const int port = held.port();
   const auto start = std::chrono::steady_clock::now();
   try {
     ddp::ProcessGroup::create(ddp::InitOptions()
@@ -372,34 +374,62 @@ TEST(ProcessGroupTest, MasterThatNeverAnswersTimesOut) {
 }
 
 TEST(ProcessGroupTest, PortInUseIsAnError) {
-  // A TCPStore server holds the port; a second rank 0 on the same port must fail.
-  const int port = ddp_test::free_port();
-  const std::string method = "tcp://127.0.0.1:" + std::to_string(port);
-  std::thread peer;
-  std::shared_ptr<ddp::ProcessGroup> first;
-  peer = std::thread([&] {
-    try {
-      first = ddp::ProcessGroup::create(
-          ddp::InitOptions().init_method(method).rank(0).world_size(2).timeout(
-              std::chrono::seconds(4)));
-    } catch (...) {
-    }
-  });
-  // Wait (on the condition, not a guess) until the first server listens.
-  EXPECT_TRUE(ddp_test::wait_for([&] { return ddp_test::port_is_listening(port); },
-                                 std::chrono::seconds(10)))
-      << "the first rank 0 never listened on port " << port;
+  // Another program listens on the port; rank 0 cannot serve its store there.
+  ddp_test::HeldPort other;
   const std::string msg = error_of([&] {
-    ddp::ProcessGroup::create(ddp::InitOptions().init_method(method).rank(0).world_size(2).timeout(
-        std::chrono::seconds(4)));
+    ddp::ProcessGroup::create(
+        ddp::InitOptions()
+            .init_method("tcp://127.0.0.1:" + std::to_string(other.port()))
+            .rank(0)
+            .world_size(2)
+            .timeout(std::chrono::seconds(4)));
   });
-  peer.join();
   EXPECT_NE(msg.find("the port is already in use"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(std::to_string(port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(other.port())), std::string::npos) << msg;
+}
+
+// Sets an environment variable for the scope, restoring the previous value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(ProcessGroupTest, HandedOverListenSocketMustMatchThePort) {
+  ddp_test::HeldPort held, other;
+  ScopedEnv fd("DDP_MASTER_LISTEN_FD", std::to_string(other.fd()));
+  const std::string msg = error_of([&] {
+    ddp::ProcessGroup::create(
+        ddp::InitOptions()
+            .init_method("tcp://127.0.0.1:" + std::to_string(held.port()))
+            .rank(0)
+            .world_size(2)
+            .timeout(std::chrono::seconds(4)));
+  });
+  EXPECT_NE(msg.find("listens on port " + std::to_string(other.port())), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("master port is " + std::to_string(held.port())), std::string::npos)
+      << msg;
 }
 
 TEST(ProcessGroupTest, TcpInitOnThreads) {
-  const std::string method = "tcp://127.0.0.1:" + std::to_string(ddp_test::free_port());
+  // The port stays held from here on: rank 0's store serves on the handed-over socket.
+  ddp_test::HeldPort held;
+  const std::string method = "tcp://127.0.0.1:" + std::to_string(held.port());
+  ScopedEnv fd("DDP_MASTER_LISTEN_FD", std::to_string(held.release()));
   ddp_test::run_threads(3, [&](int rank) {
     auto pg = ddp::ProcessGroup::create(
         ddp::InitOptions().init_method(method).rank(rank).world_size(3).timeout(
@@ -457,8 +487,10 @@ TEST_P(MultiProcTest, EnvInitWithMasterPortOnOneHost) {
   const int n = GetParam();
   o.env = {{"RANK", "{rank}"}, {"WORLD_SIZE", std::to_string(n)},
            {"LOCAL_RANK", "{rank}"}, {"LOCAL_WORLD_SIZE", std::to_string(n)},
-           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp_test::free_port())},
+           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
            {"DDP_RENDEZVOUS_DIR", ""}, {"OMP_NUM_THREADS", "1"}};
+  // On one host the store is a file under TMPDIR named after MASTER_PORT, and TMPDIR is
+  // this test's own: the port number needs no probing.
   TempDir tmp;
   o.env["TMPDIR"] = tmp.path();
   ddp_test::expect_all_ok(run_processes(n, "env_all_reduce", o));

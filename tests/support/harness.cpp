@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,21 +70,31 @@ bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds 
   return predicate();
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+HeldPort::HeldPort(bool listen) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw std::runtime_error("could not find a free port");
+  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      (listen && ::listen(fd_, 128) != 0) ||
+      ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd_ >= 0) ::close(fd_);
+    throw std::runtime_error("could not bind a port on 127.0.0.1: " + why);
   }
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
+  port_ = ntohs(addr.sin_port);
+}
+
+HeldPort::~HeldPort() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int HeldPort::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
 }
 
 ddp::InitOptions file_init(const TempDir& dir, int rank, int world,

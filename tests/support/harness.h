@@ -37,8 +37,26 @@ class TempDir {
   std::string path_;
 };
 
-/// A TCP port that was free a moment ago (bound to port 0 on loopback, then released).
-int free_port();
+/// A TCP port of loopback held by this process for its lifetime: bound (to port 0, so the
+/// kernel picks a free one) and, with listen = true, listening. Nothing else can take the
+/// port meanwhile, so tests started at once never collide. A listening port is handed to
+/// the store of rank 0 through DDP_MASTER_LISTEN_FD (Note [Handed-over port] in
+/// src/core/rendezvous.cpp); a port bound without listening refuses every connection.
+class HeldPort {
+ public:
+  explicit HeldPort(bool listen = true);
+  ~HeldPort();
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  int port() const { return port_; }
+  int fd() const { return fd_; }
+  /// Gives up ownership: the descriptor now belongs to whoever it was handed to.
+  int release();
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 /// Whether some socket of this machine listens on TCP `port` (from /proc/net/tcp{,6}).
 bool port_is_listening(int port);

@@ -166,7 +166,7 @@ std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_
       told = true;
     }
     if (int sig = nap(0.5)) {
-      exit_code = 128 + sig;
+      exit_code = exit_code_for_signal(sig);
       return nullptr;
     }
   }

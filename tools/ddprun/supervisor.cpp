@@ -75,6 +75,8 @@ void Supervisor::apply(const Decision& d) {
   if (exiting_) return;
   const bool remote = d.node >= 0 && d.node != o_.node_rank;
   switch (d.kind) {
+    case Decision::Wait:
+      break;
     case Decision::Start:
       if (state_ != State::Idle) return;
       run_id_ = d.run_id;

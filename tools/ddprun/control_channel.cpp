@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
 #include "sysinfo.h"
 
@@ -147,20 +146,6 @@ int connect_tcp(const std::string& addr, int port, double timeout_s, std::string
   }
   freeaddrinfo(res);
   return fd;
-}
-
-std::vector<std::string> split_words(const std::string& line, size_t max_words) {
-  // The last word takes the rest of the line, so free text can end a message.
-  std::vector<std::string> words;
-  size_t pos = 0;
-  while (pos < line.size() && words.size() + 1 < max_words) {
-    size_t end = line.find(' ', pos);
-    if (end == std::string::npos) end = line.size();
-    if (end > pos) words.push_back(line.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  if (pos < line.size()) words.push_back(line.substr(pos));
-  return words;
 }
 
 }  // namespace ddprun

@@ -2,15 +2,8 @@
 //
 // Node 0's ddprun listens on --master-addr:--rdzv-port; every other ddprun
 // connects, says which node it is, and waits for node 0 to start the job. The
-// protocol is one text line per message:
-//   agent -> node 0: hello <node> <nnodes> <nproc>
-//                    fail <attempt> <code> <what>    (its workers failed)
-//                    finished <attempt>              (its workers all exited 0)
-//                    stopped <attempt>               (its workers are gone, ready to restart)
-//                    abort <code> <what>             (it was told to stop, e.g. SIGINT)
-//   node 0 -> agent: go <attempt> <run-id> | restart <attempt> <node> <what> | done
-//                    abort <code> <node> <what> | error <text>
-//   both ways:       ping                            (heartbeat)
+// agents report what their workers do, and node 0 sends back what the job
+// policy decides; wire.h defines these messages, one text line each.
 // A connection that closes or stays silent too long counts as a failure of the
 // host on the other end, so no host's workers outlive the job.
 #pragma once
@@ -58,8 +51,6 @@ class Connection {
 int listen_tcp(const std::string& addr, int port, std::string& error);
 // One connection attempt bounded by `timeout_s`; -1 with `error` set.
 int connect_tcp(const std::string& addr, int port, double timeout_s, std::string& error);
-
-std::vector<std::string> split_words(const std::string& line, size_t max_words);
 
 // Node 0: listens now; the job starts once every other node has joined.
 std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std::string& run_id,

@@ -1,56 +1,33 @@
 #include "coordinator.h"
 
 namespace ddprun {
-namespace {
 
-class LocalCoordinator : public Coordinator {
- public:
-  LocalCoordinator(int max_restarts, std::string run_id)
-      : max_restarts_(max_restarts), run_id_(std::move(run_id)) {
-    start(0);
-  }
+// The deciding host is node 0 (the only node on a single host).
+DecidingCoordinator::DecidingCoordinator(int nnodes, int max_restarts, std::string run_id)
+    : policy_(nnodes, max_restarts, std::move(run_id)) {}
 
-  void local_failed(int attempt, int code, const std::string& what) override {
-    Decision d;
-    d.node = 0;
-    d.why = what;
-    if (attempt < max_restarts_) {
-      d.kind = Decision::Restart;
-      d.attempt = attempt + 1;
-    } else {
-      d.kind = Decision::Exit;
-      d.code = code;
-    }
-    decide(d);
-  }
+void DecidingCoordinator::local_failed(int attempt, int code, const std::string& what) {
+  handle(Event::worker_failed(0, attempt, code, what));
+}
 
-  void local_finished(int) override { decide(Decision{}); }
-  void local_stopped(int attempt) override { start(attempt); }
+void DecidingCoordinator::local_finished(int attempt) { handle(Event::workers_finished(0, attempt)); }
+void DecidingCoordinator::local_stopped(int attempt) { handle(Event::workers_stopped(0, attempt)); }
 
-  void local_abort(int code, const std::string& what) override {
-    Decision d;
-    d.code = code;
-    d.why = what;
-    decide(d);
-  }
+void DecidingCoordinator::local_abort(int code, const std::string& what) {
+  handle(Event::aborted(0, code, what));
+}
 
- private:
-  void start(int attempt) {
-    Decision d;
-    d.kind = Decision::Start;
-    d.attempt = attempt;
-    d.run_id = run_id_;
-    decide(d);
-  }
-
-  int max_restarts_;
-  std::string run_id_;
-};
-
-}  // namespace
+void DecidingCoordinator::handle(const Event& e) {
+  Decision d = policy_.on(e);
+  if (d.kind == Decision::Wait) return;
+  announce(d);
+  decide(std::move(d));
+}
 
 std::unique_ptr<Coordinator> make_local_coordinator(int max_restarts, const std::string& run_id) {
-  return std::make_unique<LocalCoordinator>(max_restarts, run_id);
+  auto coordinator = std::make_unique<DecidingCoordinator>(1, max_restarts, run_id);
+  coordinator->handle(Event::joined(0));  // the only node: the workers start at once
+  return coordinator;
 }
 
 }  // namespace ddprun

@@ -1,6 +1,8 @@
 // Who decides, for the whole job, whether to start, restart or stop workers.
 // On one host ddprun decides alone; on several hosts node 0's ddprun decides
-// and the others follow (see control_channel.h).
+// and the others follow (see control_channel.h). Either way the decisions are
+// the job policy's (job_policy.h); a coordinator only carries events to it and
+// its decisions to the supervisor and the other hosts.
 #pragma once
 
 #include <poll.h>
@@ -10,17 +12,9 @@
 #include <string>
 #include <vector>
 
-namespace ddprun {
+#include "job_policy.h"
 
-struct Decision {
-  enum Kind { Start, Restart, Exit } kind = Exit;
-  int attempt = 0;     // Start, Restart: the attempt to run next
-  int code = 0;        // Exit: ddprun's exit code
-  int node = -1;       // Start, Restart, Exit: the node whose failure caused it, if any
-  std::string run_id;  // Start
-  std::string why;     // Restart, Exit: what failed, to print
-  std::string error;   // Exit: a job-level error to print (e.g. a host never joined)
-};
+namespace ddprun {
 
 class Coordinator {
  public:
@@ -53,6 +47,28 @@ class Coordinator {
 
  private:
   std::deque<Decision> decisions_;
+};
+
+// The coordinator of the host that decides: feeds this host's events to a
+// JobPolicy, and passes each decision on (announce() first, to other hosts).
+class DecidingCoordinator : public Coordinator {
+ public:
+  DecidingCoordinator(int nnodes, int max_restarts, std::string run_id);
+
+  void local_failed(int attempt, int code, const std::string& what) override;
+  void local_finished(int attempt) override;
+  void local_stopped(int attempt) override;
+  void local_abort(int code, const std::string& what) override;
+
+  // Decides on `e`: an event of this host (node 0), or one another host reported.
+  void handle(const Event& e);
+
+ protected:
+  virtual void announce(const Decision& d) { (void)d; }
+  const JobPolicy& policy() const { return policy_; }
+
+ private:
+  JobPolicy policy_;
 };
 
 std::unique_ptr<Coordinator> make_local_coordinator(int max_restarts, const std::string& run_id);

@@ -3,12 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <iostream>
 
 #include "control_channel.h"
 #include "signals.h"
 #include "sysinfo.h"
+#include "wire.h"
 
 namespace ddprun {
 namespace {
@@ -18,18 +18,20 @@ class AgentCoordinator : public Coordinator {
   AgentCoordinator(const Options& o, int fd, double join_deadline)
       : o_(o), conn_(fd), join_deadline_(join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
-    conn_.send_line("hello " + std::to_string(o.node_rank) + " " + std::to_string(o.nnodes) + " " +
-                    std::to_string(o.nproc_per_node));
+    conn_.send_line(encode(AgentMessage::introduce({o.node_rank, o.nnodes, o.nproc_per_node})));
   }
 
+  // Node 0 decides on these; the node of each event is the connection's.
   void local_failed(int attempt, int code, const std::string& what) override {
-    send("fail " + std::to_string(attempt) + " " + std::to_string(code) + " " + what);
+    report(Event::worker_failed(o_.node_rank, attempt, code, what));
   }
-  void local_finished(int attempt) override { send("finished " + std::to_string(attempt)); }
-  void local_stopped(int attempt) override { send("stopped " + std::to_string(attempt)); }
+  void local_finished(int attempt) override { report(Event::workers_finished(o_.node_rank, attempt)); }
+  void local_stopped(int attempt) override { report(Event::workers_stopped(o_.node_rank, attempt)); }
+  // A host that stops for good does not wait for node 0 to agree.
   void local_abort(int code, const std::string& what) override {
-    send("abort " + std::to_string(code) + " " + what);
+    report(Event::aborted(o_.node_rank, code, what));
     Decision d;
+    d.kind = Decision::Exit;
     d.code = code;
     d.node = o_.node_rank;
     d.why = what;
@@ -57,7 +59,7 @@ class AgentCoordinator : public Coordinator {
                                     " s; are all " + std::to_string(o_.nnodes) + " hosts started?");
       return;
     }
-    if (now - conn_.last_sent >= kPingInterval) send("ping");
+    if (now - conn_.last_sent >= kPingInterval) send(encode(AgentMessage::ping()));
     if (now - conn_.last_received > kPeerTimeout) lost("stopped answering");
   }
 
@@ -67,36 +69,23 @@ class AgentCoordinator : public Coordinator {
   void send(const std::string& line) {
     if (conn_.is_open() && !conn_.send_line(line)) lost("could not be written to");
   }
+  void report(const Event& e) { send(encode(AgentMessage::report(e))); }
 
   void handle(const std::string& line) {
-    auto w = split_words(line, 4);
-    if (w.empty() || w[0] == "ping" || exiting_) return;
-    Decision d;
-    if (w[0] == "go" && w.size() >= 3) {
-      started_ = true;
-      d.kind = Decision::Start;
-      d.attempt = number(w[1]);
-      d.run_id = w[2];
+    if (exiting_) return;
+    const Node0Message m = decode_node0_message(line);
+    if (m.kind == Node0Message::Order) {
+      const Decision& d = m.decision;
+      if (d.kind == Decision::Exit) {
+        exit_with(d);
+        return;
+      }
+      started_ = started_ || d.kind == Decision::Start;
       decide(d);
-    } else if (w[0] == "restart" && w.size() >= 2) {
-      d.kind = Decision::Restart;
-      d.attempt = number(w[1]);
-      d.node = w.size() > 2 ? number(w[2]) : -1;
-      d.why = w.size() > 3 ? w[3] : "";
-      decide(d);
-    } else if (w[0] == "abort" && w.size() >= 3) {
-      d.code = number(w[1]);
-      d.node = number(w[2]);
-      d.why = w.size() > 3 ? w[3] : "";
-      exit_with(d);
-    } else if (w[0] == "done") {
-      exit_with(d);
-    } else if (w[0] == "error") {
-      exit_error(kExitUsage, "node 0 at " + where_ + " refused this host: " + line.substr(6));
+    } else if (m.kind == Node0Message::Refusal) {
+      exit_error(kExitUsage, "node 0 at " + where_ + " refused this host: " + m.refusal);
     }
   }
-
-  static int number(const std::string& s) { return std::atoi(s.c_str()); }
 
   void lost(const std::string& how) {
     conn_.close();
@@ -108,6 +97,7 @@ class AgentCoordinator : public Coordinator {
 
   void exit_error(int code, const std::string& error) {
     Decision d;
+    d.kind = Decision::Exit;
     d.code = code;
     d.error = error;
     exit_with(d);
@@ -166,7 +156,7 @@ std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_
       told = true;
     }
     if (int sig = nap(0.5)) {
-      exit_code = 128 + sig;
+      exit_code = exit_code_for_signal(sig);
       return nullptr;
     }
   }

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     o.master_port = pick_free_port();
     if (o.master_port == 0) {
       std::cerr << "ddprun: error: could not find a free port on 127.0.0.1; pass --master-port.\n";
-      return 1;
+      return kExitError;
     }
   }
   const std::string omp = default_omp_threads(o.nproc_per_node);

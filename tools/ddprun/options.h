@@ -5,13 +5,9 @@
 #include <string>
 #include <vector>
 
-namespace ddprun {
+#include "exit_codes.h"
 
-// Exit codes shared by every part of ddprun.
-constexpr int kExitUsage = 2;
-constexpr int kExitNotExecutable = 126;
-constexpr int kExitNotFound = 127;
-constexpr int kExitLinkLost = 1;
+namespace ddprun {
 
 struct Options {
   std::string nproc_spec = "1";

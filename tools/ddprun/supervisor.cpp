@@ -54,7 +54,7 @@ int Supervisor::run() {
     int rc = poll(fds.data(), fds.size(), static_cast<int>(std::min(wait, 1.0) * 1000));
     if (rc < 0 && errno != EINTR) {
       std::cerr << "ddprun: poll failed: " << std::strerror(errno) << "\n";
-      return 1;
+      return kExitError;
     }
     if (rc > 0) {
       if (fds[0].revents)
@@ -75,6 +75,8 @@ void Supervisor::apply(const Decision& d) {
   if (exiting_) return;
   const bool remote = d.node >= 0 && d.node != o_.node_rank;
   switch (d.kind) {
+    case Decision::Wait:
+      break;
     case Decision::Start:
       if (state_ != State::Idle) return;
       run_id_ = d.run_id;
@@ -227,7 +229,7 @@ void Supervisor::on_signal(int sig) {
     } else {
       for (auto& w : workers_) signal_group(w, sig);
     }
-    coord_.local_abort(128 + sig, "stopped by " + signal_name(sig) + " on " + host_);
+    coord_.local_abort(exit_code_for_signal(sig), "stopped by " + signal_name(sig) + " on " + host_);
     return;
   }
   std::cerr << "ddprun: got " << signal_name(sig) << " again; killing the workers\n";
@@ -241,7 +243,7 @@ int Supervisor::finish() {
   if (!exit_.error.empty()) std::cerr << "ddprun: error: " << exit_.error << "\n";
   if (failure_ && code != 0) {
     std::cerr << failure_summary(o_, *failure_, run_id_, attempt_, code, others_stopped_, killed_);
-  } else if (stop_signal_ && code == 128 + stop_signal_) {
+  } else if (stop_signal_ && code == exit_code_for_signal(stop_signal_)) {
     std::cerr << "ddprun: stopped by " << signal_name(stop_signal_) << "; exit code " << code << "\n";
   } else if (code != 0 && exit_.node >= 0 && exit_.node != o_.node_rank) {
     std::cerr << "ddprun: exits with code " << code << " because node " << exit_.node << " failed\n";

@@ -31,7 +31,7 @@ void Supervisor::start_attempt(int attempt) {
     rendezvous_dir_ = info.rendezvous_dir = make_rendezvous_dir(run_id_, attempt, error);
     if (rendezvous_dir_.empty()) {
       std::cerr << "ddprun: error: " << error << ". Set TMPDIR to a writable folder.\n";
-      coord_.local_abort(1, error);
+      coord_.local_abort(kExitError, error);
       return;
     }
   }

@@ -54,7 +54,7 @@ pid_t spawn_worker(const std::string& program, const std::vector<std::string>& a
     if (setpgid(0, 0) != 0) child_fail("setpgid", errno);
     // If ddprun dies without cleaning up, its workers must not run on alone.
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) child_fail("prctl", errno);
-    if (getppid() != parent) _exit(128 + SIGKILL);
+    if (getppid() != parent) _exit(exit_code_for_signal(SIGKILL));
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull < 0 || dup2(devnull, STDIN_FILENO) < 0) child_fail("stdin", errno);
     if (devnull != STDIN_FILENO) close(devnull);
@@ -130,7 +130,7 @@ void reap_children(const std::vector<pid_t>& pids, double timeout_s) {
 
 int exit_code_of(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  if (WIFSIGNALED(wait_status)) return exit_code_for_signal(WTERMSIG(wait_status));
   return 1;
 }
 

@@ -1,0 +1,260 @@
+// JobPolicy, one table row per story of a job: the events in the order the
+// coordinators feed them, and the decision each one must lead to.
+#include "job_policy.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "exit_codes.h"
+
+namespace ddprun {
+namespace {
+
+// What a decision must be; only the fields that its kind uses are compared.
+struct Expected {
+  Decision::Kind kind = Decision::Wait;
+  int attempt = 0;  // Start, Restart
+  int code = 0;     // Exit
+  int node = -1;    // Restart, Exit
+};
+
+struct Step {
+  Event event;
+  Expected expected;
+};
+
+struct Row {
+  const char* name;
+  int nnodes;
+  int max_restarts;
+  std::vector<Step> steps;
+};
+
+void PrintTo(const Row& row, std::ostream* os) { *os << row.name; }
+
+// Events, as the coordinators report them.
+Event joined(int node) { return Event::joined(node); }
+Event failed(int node, int attempt, int code) {
+  return Event::worker_failed(node, attempt, code, "rank 0 failed");
+}
+Event finished(int node, int attempt) { return Event::workers_finished(node, attempt); }
+Event stopped(int node, int attempt) { return Event::workers_stopped(node, attempt); }
+Event stop_signal(int node, int sig) {
+  return Event::aborted(node, exit_code_for_signal(sig), "stopped by a signal");
+}
+Event lost(int node) { return Event::node_lost(node, "its ddprun closed the connection"); }
+Event join_timeout() { return Event::join_timed_out("nodes 1 did not join"); }
+
+// Decisions.
+Expected wait() { return {}; }
+Expected start(int attempt) { return {Decision::Start, attempt, 0, -1}; }
+Expected restart(int attempt, int node) { return {Decision::Restart, attempt, 0, node}; }
+Expected exit_with(int code, int node) { return {Decision::Exit, 0, code, node}; }
+Expected success() { return exit_with(0, -1); }
+
+std::string describe(Decision::Kind kind, int attempt, int code, int node) {
+  switch (kind) {
+    case Decision::Wait:
+      return "Wait";
+    case Decision::Start:
+      return "Start attempt " + std::to_string(attempt);
+    case Decision::Restart:
+      return "Restart to attempt " + std::to_string(attempt) + " for node " + std::to_string(node);
+    case Decision::Exit:
+      return "Exit code " + std::to_string(code) + " for node " + std::to_string(node);
+  }
+  return "?";
+}
+
+const std::vector<Row> kRows = {
+    // One host.
+    {"OneHostSucceeds", 1, 0, {{joined(0), start(0)}, {finished(0, 0), success()}}},
+    {"FailureWithoutRestartsExitsWithWorkerCode", 1, 0,
+     {{joined(0), start(0)}, {failed(0, 0, 5), exit_with(5, 0)}}},
+    {"WorkerKilledBySignalGivesItsCode", 1, 0,
+     {{joined(0), start(0)}, {failed(0, 0, exit_code_for_signal(SIGKILL)), exit_with(137, 0)}}},
+    {"RestartsUntilBudgetIsSpent", 1, 2,
+     {{joined(0), start(0)},
+      {failed(0, 0, 7), restart(1, 0)},
+      {stopped(0, 1), start(1)},
+      {failed(0, 1, 7), restart(2, 0)},
+      {stopped(0, 2), start(2)},
+      {failed(0, 2, 7), exit_with(7, 0)}}},
+    {"SucceedsAfterRestart", 1, 2,
+     {{joined(0), start(0)},
+      {failed(0, 0, 3), restart(1, 0)},
+      {stopped(0, 1), start(1)},
+      {finished(0, 1), success()}}},
+    {"StoppedForAnotherAttemptIsIgnored", 1, 1,
+     {{joined(0), start(0)},
+      {failed(0, 0, 3), restart(1, 0)},
+      {stopped(0, 2), wait()},
+      {stopped(0, 1), start(1)}}},
+    {"FirstSigintExits130WithoutRestart", 1, 3,
+     {{joined(0), start(0)}, {stop_signal(0, SIGINT), exit_with(130, 0)}}},
+    {"SigtermExits143", 1, 3, {{joined(0), start(0)}, {stop_signal(0, SIGTERM), exit_with(143, 0)}}},
+    {"SecondSigintKeepsFirstDecision", 1, 3,
+     {{joined(0), start(0)},
+      {stop_signal(0, SIGINT), exit_with(130, 0)},
+      {stop_signal(0, SIGINT), wait()},
+      {failed(0, 0, exit_code_for_signal(SIGKILL)), wait()}}},
+    {"SigintDuringRestartExits", 1, 2,
+     {{joined(0), start(0)},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stop_signal(0, SIGINT), exit_with(130, 0)},
+      {stopped(0, 1), wait()}}},
+    {"NoRendezvousFolderExits1", 1, 2,
+     {{joined(0), start(0)}, {Event::aborted(0, kExitError, "no temporary folder"), exit_with(1, 0)}}},
+    {"SuccessAfterExitChangesNothing", 1, 0,
+     {{joined(0), start(0)}, {failed(0, 0, 2), exit_with(2, 0)}, {finished(0, 0), wait()}}},
+
+    // Several hosts.
+    {"StartsOnceEveryNodeJoined", 3, 0,
+     {{joined(0), wait()}, {joined(2), wait()}, {joined(1), start(0)}}},
+    {"SuccessWaitsForEveryNode", 3, 0,
+     {{joined(0), wait()},
+      {joined(1), wait()},
+      {joined(2), start(0)},
+      {finished(0, 0), wait()},
+      {finished(2, 0), wait()},
+      {finished(2, 0), wait()},
+      {finished(1, 0), success()}}},
+    {"FailureOnAgentExitsWithItsCode", 2, 0,
+     {{joined(0), wait()}, {joined(1), start(0)}, {failed(1, 0, 5), exit_with(5, 1)}}},
+    {"RestartWaitsUntilEveryNodeStopped", 2, 2,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(1, 1), wait()},
+      {stopped(0, 1), start(1)}}},
+    {"FailureDuringRestartIsTheSameFailure", 2, 2,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {failed(1, 0, 3), restart(1, 1)},
+      {failed(0, 0, 143), wait()},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), start(1)},
+      {failed(0, 1, 6), restart(2, 0)}}},
+    {"LateReportOfEarlierAttemptIsIgnored", 2, 1,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), start(1)},
+      {failed(1, 0, 4), wait()},
+      {finished(1, 0), wait()},
+      {finished(1, 1), wait()},
+      {finished(0, 1), success()}}},
+    {"FinishedNodeTakesPartInRestart", 2, 1,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {finished(0, 0), wait()},
+      {failed(1, 0, 5), restart(1, 1)},
+      {finished(1, 0), wait()},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), start(1)},
+      {finished(1, 1), wait()},
+      {finished(0, 1), success()}}},
+    {"SigintOnAgentStopsJob", 2, 3,
+     {{joined(0), wait()}, {joined(1), start(0)}, {stop_signal(1, SIGINT), exit_with(130, 1)}}},
+    {"LostNodeExits1WithoutRestart", 2, 3,
+     {{joined(0), wait()}, {joined(1), start(0)}, {lost(1), exit_with(kExitLinkLost, 1)}}},
+    {"LostNodeDuringRestartExits1", 2, 3,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(0, 1), wait()},
+      {lost(1), exit_with(kExitLinkLost, 1)},
+      {stopped(1, 1), wait()}}},
+    {"LostNodeAfterExitKeepsWorkerCode", 2, 0,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {failed(0, 0, 5), exit_with(5, 0)},
+      {lost(1), wait()}}},
+    {"LostNodeBeforeStartExits1", 3, 0,
+     {{joined(0), wait()},
+      {joined(1), wait()},
+      {lost(1), exit_with(kExitLinkLost, 1)},
+      {joined(2), wait()}}},
+    {"JoinTimeoutExits1", 3, 0,
+     {{joined(0), wait()},
+      {joined(2), wait()},
+      {join_timeout(), exit_with(kExitLinkLost, -1)},
+      {joined(1), wait()}}},
+    {"JoinTimeoutAfterStartIsIgnored", 2, 0,
+     {{joined(0), wait()},
+      {joined(1), start(0)},
+      {join_timeout(), wait()},
+      {finished(0, 0), wait()},
+      {finished(1, 0), success()}}},
+};
+
+class JobPolicyTable : public testing::TestWithParam<Row> {};
+
+TEST_P(JobPolicyTable, DecidesEachStep) {
+  const Row& row = GetParam();
+  JobPolicy policy(row.nnodes, row.max_restarts, "run42");
+  for (size_t i = 0; i < row.steps.size(); ++i) {
+    const Expected& want = row.steps[i].expected;
+    const Decision got = policy.on(row.steps[i].event);
+    const bool uses_attempt = want.kind == Decision::Start || want.kind == Decision::Restart;
+    const bool uses_code = want.kind == Decision::Exit;
+    const bool uses_node = want.kind == Decision::Restart || want.kind == Decision::Exit;
+    const bool same = got.kind == want.kind && (!uses_attempt || got.attempt == want.attempt) &&
+                      (!uses_code || got.code == want.code) && (!uses_node || got.node == want.node);
+    EXPECT_TRUE(same) << "step " << i << ": expected "
+                      << describe(want.kind, want.attempt, want.code, want.node) << ", got "
+                      << describe(got.kind, got.attempt, got.code, got.node);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, JobPolicyTable, testing::ValuesIn(kRows),
+                         [](const testing::TestParamInfo<Row>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(JobPolicy, DecisionsCarryRunIdAndReasons) {
+  JobPolicy policy(2, 1, "run42");
+  policy.on(joined(0));
+  Decision d = policy.on(joined(1));
+  EXPECT_EQ(d.run_id, "run42");
+  d = policy.on(Event::worker_failed(1, 0, 3, "rank 3 (pid 7 on b) failed with exit code 3"));
+  EXPECT_EQ(d.why, "rank 3 (pid 7 on b) failed with exit code 3");
+  policy.on(stopped(0, 1));
+  d = policy.on(stopped(1, 1));
+  ASSERT_EQ(d.kind, Decision::Start);
+  EXPECT_EQ(d.run_id, "run42");  // every attempt of the job has the same run id
+  d = policy.on(Event::aborted(1, 130, "stopped by SIGINT on b"));
+  EXPECT_EQ(d.why, "stopped by SIGINT on b");
+  EXPECT_TRUE(d.error.empty());
+}
+
+TEST(JobPolicy, JoinTimeoutIsAJobError) {
+  JobPolicy policy(2, 0, "run42");
+  policy.on(joined(0));
+  const Decision d = policy.on(Event::join_timed_out("nodes 1 did not join within --rdzv-timeout 2 s"));
+  EXPECT_EQ(d.kind, Decision::Exit);
+  EXPECT_EQ(d.error, "nodes 1 did not join within --rdzv-timeout 2 s");
+  EXPECT_TRUE(d.why.empty());
+}
+
+TEST(JobPolicy, StartedAndOver) {
+  JobPolicy policy(2, 0, "run42");
+  EXPECT_FALSE(policy.started());
+  policy.on(joined(0));
+  EXPECT_FALSE(policy.started());
+  policy.on(joined(1));
+  EXPECT_TRUE(policy.started());
+  EXPECT_FALSE(policy.over());
+  policy.on(finished(0, 0));
+  EXPECT_FALSE(policy.over());
+  policy.on(finished(1, 0));
+  EXPECT_TRUE(policy.over());
+}
+
+}  // namespace
+}  // namespace ddprun

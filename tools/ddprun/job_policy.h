@@ -1,0 +1,92 @@
+// What ddprun decides for the whole job, apart from how it learns what
+// happened: events in, decisions out, no I/O. On one host the local
+// coordinator feeds it this host's events; on several, node 0's coordinator
+// feeds it every host's (the others report over the control channel, see
+// wire.h) and passes each decision on to them.
+#pragma once
+
+#include <set>
+#include <string>
+
+namespace ddprun {
+
+// Something that happened to the job, on host `node`.
+struct Event {
+  enum Kind {
+    NodeJoined,       // node: its ddprun takes part (node 0's own included)
+    JoinTimedOut,     // why: not every node joined within --rdzv-timeout
+    WorkerFailed,     // node, attempt, code, why: one of its workers failed
+    WorkersFinished,  // node, attempt: all of its workers exited 0
+    WorkersStopped,   // node, attempt: its workers are gone after a Restart to `attempt`
+    Aborted,          // node, code, why: its ddprun stops for good (a stop signal,
+                      //   or it could not start workers)
+    NodeLost,         // node, why: its ddprun closed the link or stopped answering
+  };
+  Kind kind = NodeJoined;
+  int node = 0;
+  int attempt = 0;
+  int code = 0;
+  std::string why;
+
+  static Event joined(int node);
+  static Event join_timed_out(const std::string& error);
+  static Event worker_failed(int node, int attempt, int code, const std::string& what);
+  static Event workers_finished(int node, int attempt);
+  static Event workers_stopped(int node, int attempt);
+  static Event aborted(int node, int code, const std::string& what);
+  static Event node_lost(int node, const std::string& how);
+};
+
+// What every host does next.
+struct Decision {
+  enum Kind {
+    Wait,     // nothing to do yet
+    Start,    // start the workers of `attempt`
+    Restart,  // stop the workers; `attempt` starts once every host's are gone
+    Exit,     // stop the workers and exit with `code`
+  };
+  Kind kind = Wait;
+  int attempt = 0;     // Start, Restart: the attempt to run next
+  int code = 0;        // Exit: ddprun's exit code
+  int node = -1;       // Restart, Exit: the node whose failure caused it, if any
+  std::string run_id;  // Start
+  std::string why;     // Restart, Exit: what failed, to print
+  std::string error;   // Exit: a job-level error to print (e.g. a host never joined)
+};
+
+// The rules, for `nnodes` hosts (1 on a single host):
+// - the workers start (attempt 0) once every node has joined;
+// - the first failure of an attempt decides: a restart while fewer than
+//   `max_restarts` restarts were used, else an exit with the worker's code;
+//   later failures and successes of that attempt change nothing;
+// - after a restart, the next attempt starts once every node has stopped;
+// - the job succeeds (exit 0) once every node's workers finished in one attempt;
+// - a stop signal or a lost node ends the job at once, never with a restart;
+// - the first exit stands: nothing after it changes the decision.
+class JobPolicy {
+ public:
+  JobPolicy(int nnodes, int max_restarts, std::string run_id);
+
+  // The decision `e` leads to; Wait when it leads to none.
+  Decision on(const Event& e);
+
+  // Whether the workers were started once (every node joined).
+  bool started() const { return attempt_ >= 0; }
+  // Whether the job ends (an Exit was decided).
+  bool over() const { return over_; }
+
+ private:
+  Decision start(int attempt);
+  Decision exit(int code, int node, const std::string& why);
+
+  const int nnodes_;
+  const int max_restarts_;
+  const std::string run_id_;
+  bool over_ = false;
+  int attempt_ = -1;               // the attempt started last
+  bool restart_decided_ = false;   // attempt_ failed and will be restarted
+  int next_attempt_ = -1;          // the attempt a Restart decided on
+  std::set<int> joined_nodes_, finished_nodes_, stopped_nodes_;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,180 @@
+#include "wire.h"
+
+#include <charconv>
+
+namespace ddprun {
+namespace {
+
+// A whole word as a decimal int (an optional '-', digits, in range).
+bool read_int(const std::string& word, int& value) {
+  const char* end = word.data() + word.size();
+  auto [ptr, ec] = std::from_chars(word.data(), end, value);
+  return ec == std::errc() && ptr == end && !word.empty();
+}
+
+// The optional free text that ends a message: the word at `index`, if any.
+std::string text_at(const std::vector<std::string>& words, size_t index, const char* fallback) {
+  return words.size() > index ? words[index] : fallback;
+}
+
+}  // namespace
+
+AgentMessage AgentMessage::ping() {
+  AgentMessage m;
+  m.kind = Ping;
+  return m;
+}
+
+AgentMessage AgentMessage::introduce(const Introduction& hello) {
+  AgentMessage m;
+  m.kind = Hello;
+  m.hello = hello;
+  return m;
+}
+
+AgentMessage AgentMessage::report(const Event& e) {
+  AgentMessage m;
+  m.kind = Report;
+  m.event = e;
+  return m;
+}
+
+Node0Message Node0Message::ping() {
+  Node0Message m;
+  m.kind = Ping;
+  return m;
+}
+
+Node0Message Node0Message::order(const Decision& d) {
+  Node0Message m;
+  m.kind = Order;
+  m.decision = d;
+  return m;
+}
+
+Node0Message Node0Message::refuse(const std::string& problem) {
+  Node0Message m;
+  m.kind = Refusal;
+  m.refusal = problem;
+  return m;
+}
+
+std::string encode(const AgentMessage& m) {
+  using std::to_string;
+  const Event& e = m.event;
+  switch (m.kind) {
+    case AgentMessage::Invalid:
+      return "";
+    case AgentMessage::Ping:
+      return "ping";
+    case AgentMessage::Hello:
+      return "hello " + to_string(m.hello.node) + " " + to_string(m.hello.nnodes) + " " +
+             to_string(m.hello.nproc);
+    case AgentMessage::Report:
+      switch (e.kind) {
+        case Event::WorkerFailed:
+          return "fail " + to_string(e.attempt) + " " + to_string(e.code) + " " + e.why;
+        case Event::WorkersFinished:
+          return "finished " + to_string(e.attempt);
+        case Event::WorkersStopped:
+          return "stopped " + to_string(e.attempt);
+        case Event::Aborted:
+          return "abort " + to_string(e.code) + " " + e.why;
+        case Event::NodeJoined:
+        case Event::JoinTimedOut:
+        case Event::NodeLost:
+          return "";  // node 0 sees these itself
+      }
+  }
+  return "";
+}
+
+AgentMessage decode_agent_message(const std::string& line) {
+  const auto w = split_words(line, 4);
+  AgentMessage m;
+  if (w.empty() || (w[0] == "ping" && w.size() == 1)) return AgentMessage::ping();
+  Introduction h;
+  int attempt = 0, code = 0;
+  if (w[0] == "hello" && w.size() == 4) {
+    if (read_int(w[1], h.node) && read_int(w[2], h.nnodes) && read_int(w[3], h.nproc))
+      m = AgentMessage::introduce(h);
+  } else if (w[0] == "fail" && w.size() >= 3) {
+    if (read_int(w[1], attempt) && read_int(w[2], code))
+      m = AgentMessage::report(Event::worker_failed(-1, attempt, code, text_at(w, 3, "failed")));
+  } else if (w[0] == "finished" && w.size() == 2) {
+    if (read_int(w[1], attempt)) m = AgentMessage::report(Event::workers_finished(-1, attempt));
+  } else if (w[0] == "stopped" && w.size() == 2) {
+    if (read_int(w[1], attempt)) m = AgentMessage::report(Event::workers_stopped(-1, attempt));
+  } else if (w[0] == "abort" && w.size() >= 2) {
+    const auto a = split_words(line, 3);  // <what> starts one word earlier here
+    if (read_int(a[1], code)) m = AgentMessage::report(Event::aborted(-1, code, text_at(a, 2, "stopped")));
+  }
+  return m;
+}
+
+std::string encode(const Node0Message& m) {
+  using std::to_string;
+  const Decision& d = m.decision;
+  switch (m.kind) {
+    case Node0Message::Invalid:
+      return "";
+    case Node0Message::Ping:
+      return "ping";
+    case Node0Message::Refusal:
+      return "error " + m.refusal;
+    case Node0Message::Order:
+      switch (d.kind) {
+        case Decision::Start:
+          return "go " + to_string(d.attempt) + " " + d.run_id;
+        case Decision::Restart:
+          return "restart " + to_string(d.attempt) + " " + to_string(d.node) + " " + d.why;
+        case Decision::Exit:
+          if (d.code == 0) return "done";
+          return "abort " + to_string(d.code) + " " + to_string(d.node) + " " + d.why;
+        case Decision::Wait:
+          return "";
+      }
+  }
+  return "";
+}
+
+Node0Message decode_node0_message(const std::string& line) {
+  const auto w = split_words(line, 4);
+  Node0Message m;
+  if (w.empty() || (w[0] == "ping" && w.size() == 1)) return Node0Message::ping();
+  Decision d;
+  if (w[0] == "go" && w.size() == 3) {
+    d.kind = Decision::Start;
+    d.run_id = w[2];
+    if (read_int(w[1], d.attempt)) m = Node0Message::order(d);
+  } else if (w[0] == "restart" && w.size() >= 3) {
+    d.kind = Decision::Restart;
+    d.why = text_at(w, 3, "");
+    if (read_int(w[1], d.attempt) && read_int(w[2], d.node)) m = Node0Message::order(d);
+  } else if (w[0] == "done" && w.size() == 1) {
+    d.kind = Decision::Exit;
+    m = Node0Message::order(d);
+  } else if (w[0] == "abort" && w.size() >= 3) {
+    d.kind = Decision::Exit;
+    d.why = text_at(w, 3, "");
+    if (read_int(w[1], d.code) && read_int(w[2], d.node)) m = Node0Message::order(d);
+  } else if (w[0] == "error") {
+    m = Node0Message::refuse(text_at(split_words(line, 2), 1, ""));
+  }
+  return m;
+}
+
+std::vector<std::string> split_words(const std::string& line, size_t max_words) {
+  std::vector<std::string> words;
+  size_t pos = 0;
+  while (pos < line.size() && words.size() + 1 < max_words) {
+    size_t end = line.find(' ', pos);
+    if (end == std::string::npos) end = line.size();
+    if (end > pos) words.push_back(line.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  if (pos < line.size()) words.push_back(line.substr(pos));
+  return words;
+}
+
+}  // namespace ddprun

@@ -388,29 +388,10 @@ TEST(ProcessGroupTest, PortInUseIsAnError) {
   EXPECT_NE(msg.find(std::to_string(other.port())), std::string::npos) << msg;
 }
 
-// Sets an environment variable for the scope, restoring the previous value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 TEST(ProcessGroupTest, HandedOverListenSocketMustMatchThePort) {
   ddp_test::HeldPort held, other;
-  ScopedEnv fd("DDP_MASTER_LISTEN_FD", std::to_string(other.fd()));
+  const std::string fd_text = std::to_string(other.fd());
+  ScopedEnv fd({{"DDP_MASTER_LISTEN_FD", fd_text.c_str()}});
   const std::string msg = error_of([&] {
     ddp::ProcessGroup::create(
         ddp::InitOptions()
@@ -429,7 +410,8 @@ TEST(ProcessGroupTest, TcpInitOnThreads) {
   // The port stays held from here on: rank 0's store serves on the handed-over socket.
   ddp_test::HeldPort held;
   const std::string method = "tcp://127.0.0.1:" + std::to_string(held.port());
-  ScopedEnv fd("DDP_MASTER_LISTEN_FD", std::to_string(held.release()));
+  const std::string fd_text = std::to_string(held.release());
+  ScopedEnv fd({{"DDP_MASTER_LISTEN_FD", fd_text.c_str()}});
   ddp_test::run_threads(3, [&](int rank) {
     auto pg = ddp::ProcessGroup::create(
         ddp::InitOptions().init_method(method).rank(rank).world_size(3).timeout(

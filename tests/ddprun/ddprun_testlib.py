@@ -131,21 +131,26 @@ def read_pids(pid_dir):
     return pids
 
 
-def free_port_pair():
-    """A port P with P and P+1 both free on 127.0.0.1 (ddprun's agents use P+1)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
+class HeldPort:
+    """A port of 127.0.0.1 held from creation to close(): bound to port 0, so the kernel picks
+    a free one, and with listen=True listening. Nothing else can take it meanwhile, so tests
+    started at once never collide. A listening one is handed to node 0's ddprun, which
+    serves the rendezvous on it (DDPRUN_RDZV_LISTEN_FD); one bound without listening refuses
+    every connection."""
+
+    def __init__(self, listen=True):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        if listen:
+            self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+
+    def handover(self):
+        """The environment and pass_fds for the ddprun that is to serve on this port."""
+        return {"DDPRUN_RDZV_LISTEN_FD": str(self.sock.fileno())}, (self.sock.fileno(),)
+
+    def close(self):
+        self.sock.close()
 
 
 def kill_marked(marker):

@@ -121,16 +121,20 @@ class EnvTest(T.DdprunTestCase):
         self.assertNotIn("OMP_NUM_THREADS", err)
 
     def test_two_nodes_on_loopback(self):
-        port = T.free_port_pair()
+        held = T.HeldPort()  # node 0 serves the rendezvous on it
+        self.addCleanup(held.close)
+        port = held.port
         dirs = [os.path.join(self.tmp, "node%d" % n) for n in range(2)]
         procs = []
         for node in (1, 0):  # node 1 first: it must wait for node 0
             os.mkdir(dirs[node])
-            env = self.env(DDP_RENDEZVOUS_DIR="/should/not/leak")
+            handed, pass_fds = held.handover() if node == 0 else ({}, ())
+            env = self.env(DDP_RENDEZVOUS_DIR="/should/not/leak", **handed)
             procs.append(T.start(["--nnodes", "2", "--node-rank", str(node), "--master-addr",
-                                  "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "2",
-                                  "--rdzv-timeout", "60", "--", sys.executable,
-                                  T.worker("dump_env.py"), dirs[node]], env))
+                                  "127.0.0.1", "--master-port", str(port), "--rdzv-port", str(port),
+                                  "--nproc-per-node", "2", "--rdzv-timeout", "60", "--",
+                                  sys.executable, T.worker("dump_env.py"), dirs[node]], env,
+                                 pass_fds=pass_fds))
         results = []
         for p in procs:
             try:

@@ -12,7 +12,8 @@ import ddprun_testlib as T
 class MultiNodeTest(T.DdprunTestCase):
     def setUp(self):
         super().setUp()
-        self.port = T.free_port_pair()
+        self.held = T.HeldPort()
+        self.port = self.held.port
         self.procs = []
 
     def tearDown(self):
@@ -20,13 +21,21 @@ class MultiNodeTest(T.DdprunTestCase):
             if p.poll() is None:
                 p.kill()
                 p.communicate()
+        self.held.close()
         super().tearDown()
 
     def node(self, rank, cmd, nnodes=2, nproc=2, extra=(), **env):
+        # The held port names the workers' store (a file, on loopback) and is node 0's
+        # rendezvous port, served on the socket this test holds.
+        pass_fds = ()
+        if rank == 0:
+            handed, pass_fds = self.held.handover()
+            env = dict(env, **handed)
         p = T.start(["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-                     "--master-port", str(self.port), "--nproc-per-node", str(nproc),
+                     "--master-port", str(self.port), "--rdzv-port", str(self.port),
+                     "--nproc-per-node", str(nproc),
                      "--grace-period", "3", "--rdzv-timeout", "60"] + list(extra) + ["--"] + cmd,
-                    self.env(OMP_NUM_THREADS=1, **env))
+                    self.env(OMP_NUM_THREADS=1, **env), pass_fds=pass_fds)
         self.procs.append(p)
         return p
 
@@ -103,11 +112,14 @@ class MultiNodeTest(T.DdprunTestCase):
         self.assert_no_survivors(2.0)
 
     def test_node0_missing_times_out(self):
+        self.held.close()  # a port held without listening: node 0 is not there
+        self.held = T.HeldPort(listen=False)
+        self.port = self.held.port
         n1 = self.node(1, ["true"], extra=["--rdzv-timeout", "2"])
         rc, _, err = self.finish(n1)
         self.assertEqual(rc, 1, err)
         self.assertIn("could not reach node 0's ddprun at 127.0.0.1:%d within --rdzv-timeout 2 s"
-                      % (self.port + 1), err)
+                      % self.port, err)
 
     def test_node1_missing_times_out(self):
         n0 = self.node(0, ["true"], extra=["--rdzv-timeout", "2"])

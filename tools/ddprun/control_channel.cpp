@@ -1,5 +1,6 @@
 #include "control_channel.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "sysinfo.h"
@@ -119,6 +122,36 @@ int listen_tcp(const std::string& addr, int port, std::string& error) {
   }
   freeaddrinfo(res);
   return fd;
+}
+
+int handed_listener(const std::string& fd_text, int port, std::string& error) {
+  char* end = nullptr;
+  const long fd = std::strtol(fd_text.c_str(), &end, 10);
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  int listening = 0;
+  socklen_t optlen = sizeof(listening);
+  if (fd_text.empty() || *end != '\0' || fd < 0 || fd > INT_MAX ||
+      getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) != 0 ||
+      listening == 0) {
+    error = "not a listening socket of this process";
+    return -1;
+  }
+  int bound = 0;
+  if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  if (bound != port) {
+    error = "it listens on port " + std::to_string(bound) + ", but --rdzv-port is " +
+            std::to_string(port);
+    return -1;
+  }
+  // Ours now: not inherited by the workers, and polled like a socket we made.
+  const int f = static_cast<int>(fd);
+  fcntl(f, F_SETFD, fcntl(f, F_GETFD) | FD_CLOEXEC);
+  fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK);
+  unsetenv("DDPRUN_RDZV_LISTEN_FD");  // nor is the variable
+  return f;
 }
 
 int connect_tcp(const std::string& addr, int port, double timeout_s, std::string& error) {

@@ -49,6 +49,9 @@ class Connection {
 
 // A listening socket on addr:port, or -1 with `error` set.
 int listen_tcp(const std::string& addr, int port, std::string& error);
+// The listening socket handed over as descriptor number `fd_text`, checked to listen on
+// `port` and made close-on-exec and non-blocking; -1 with `error` set.
+int handed_listener(const std::string& fd_text, int port, std::string& error);
 // One connection attempt bounded by `timeout_s`; -1 with `error` set.
 int connect_tcp(const std::string& addr, int port, double timeout_s, std::string& error);
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
@@ -172,7 +173,21 @@ class Node0Coordinator : public DecidingCoordinator {
 std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std::string& run_id,
                                                     int& exit_code) {
   std::string error;
-  int fd = listen_tcp(o.master_addr, o.rdzv_port, error);
+  int fd = -1;
+  // A program that starts ddprun may bind and listen on the rendezvous port itself and
+  // hand the socket over, inherited across exec, so that the port is never free between
+  // being chosen and being served (tests started at once, socket activation).
+  if (const char* handed = std::getenv("DDPRUN_RDZV_LISTEN_FD")) {
+    fd = handed_listener(handed, o.rdzv_port, error);
+    if (fd < 0) {
+      std::cerr << "ddprun: error: DDPRUN_RDZV_LISTEN_FD=" << handed << ": " << error
+                << ". Hand over a socket that listens on --rdzv-port, or unset it.\n";
+      exit_code = kExitUsage;
+      return nullptr;
+    }
+  } else {
+    fd = listen_tcp(o.master_addr, o.rdzv_port, error);
+  }
   if (fd < 0) {
     std::cerr << "ddprun: error: node 0 cannot listen on " << o.master_addr << ":" << o.rdzv_port
               << " for the other hosts: " << error << ". --master-addr must be an address of "

@@ -3,6 +3,7 @@
 #include <ddp/distributed/process_group.h>
 
 #include "data/permutation.h"
+#include "data/reshard.h"
 #include "core/check.h"
 
 #include <c10/util/Exception.h>
@@ -41,6 +42,7 @@ struct DistributedSampler::State {
   size_t num_samples = 0;
   size_t position = 0;
   bool resuming = false;
+  std::vector<DistributedSamplerStage> stages;  // Note [Re-sharding an epoch]
   std::vector<size_t> indices;
 
   void validate() const {
@@ -60,29 +62,30 @@ struct DistributedSampler::State {
               "Use drop_last=false (pads by repeating samples) or fewer ranks.");
   }
 
-  // Python: ceil((n - R) / R) if drop_last and n % R != 0 else ceil(n / R). For n >= R
-  // the first is floor(n / R), which is also n / R when R divides n.
-  void compute_num_samples() {
-    const size_t replicas = static_cast<size_t>(num_replicas);
-    num_samples = options.drop_last() ? dataset_size / replicas
-                                      : (dataset_size + replicas - 1) / replicas;
-  }
-
-  void rebuild() {
-    compute_num_samples();
-    indices.assign(num_samples, 0);
-    const size_t replicas = static_cast<size_t>(num_replicas);
+  // The epoch's order of the whole dataset: Python's permutation, or 0..n-1.
+  std::vector<size_t> order() const {
+    std::vector<size_t> out(dataset_size);
     if (options.shuffle()) {
       const std::vector<int64_t> perm = detail::python_randperm(
           static_cast<int64_t>(dataset_size),
           static_cast<uint64_t>(options.seed()) + static_cast<uint64_t>(epoch));
-      for (size_t k = 0; k < num_samples; ++k) {
-        indices[k] = static_cast<size_t>(perm[(rank + k * replicas) % dataset_size]);
-      }
+      for (size_t i = 0; i < dataset_size; ++i) out[i] = static_cast<size_t>(perm[i]);
     } else {
-      for (size_t k = 0; k < num_samples; ++k) {
-        indices[k] = (rank + k * replicas) % dataset_size;
-      }
+      for (size_t i = 0; i < dataset_size; ++i) out[i] = i;
+    }
+    return out;
+  }
+
+  // Note [Python's order]; after a resume with another number of ranks, Note
+  // [Re-sharding an epoch].
+  void rebuild() {
+    std::vector<size_t> list = order();
+    if (!stages.empty()) list = detail::remaining_after(std::move(list), stages, options.drop_last());
+    num_samples = detail::share_size(list.size(), num_replicas, options.drop_last());
+    indices.assign(num_samples, 0);
+    const size_t replicas = static_cast<size_t>(num_replicas);
+    for (size_t k = 0; k < num_samples; ++k) {
+      indices[k] = list[(static_cast<size_t>(rank) + k * replicas) % list.size()];
     }
   }
 };
@@ -115,6 +118,7 @@ void DistributedSampler::set_epoch(int64_t epoch) {
   s.position = 0;
   if (epoch != s.epoch) {
     s.epoch = epoch;
+    s.stages.clear();  // a re-sharded epoch is over; the next is Python's again
     s.rebuild();
   }
 }
@@ -133,6 +137,7 @@ void DistributedSampler::reset(torch::optional<size_t> new_size) {
       throw;
     }
     s.resuming = false;
+    s.stages.clear();
     s.rebuild();
   }
   if (!s.resuming) s.position = 0;  // Note [Resume position]
@@ -161,6 +166,7 @@ DistributedSamplerState DistributedSampler::state() const {
   out.shuffle = s.options.shuffle();
   out.seed = s.options.seed();
   out.drop_last = s.options.drop_last();
+  out.earlier_stages = s.stages;
   return out;
 }
 
@@ -183,7 +189,7 @@ void DistributedSampler::check_state(const DistributedSamplerState& state) const
   const State& s = *state_;
   DDP_CHECK(state.position >= 0, "DistributedSampler::load_state: position must be >= 0, "
             "but got ", state.position);
-  if (state.position > 0) {
+  if (state.position > 0 || !state.earlier_stages.empty()) {
     check_same("dataset_size", state.dataset_size, static_cast<int64_t>(s.dataset_size),
                state);
     check_same("num_replicas", state.num_replicas, s.num_replicas, state);
@@ -191,9 +197,17 @@ void DistributedSampler::check_state(const DistributedSamplerState& state) const
     check_same("shuffle", state.shuffle, s.options.shuffle(), state);
     check_same("seed", state.seed, s.options.seed(), state);
     check_same("drop_last", state.drop_last, s.options.drop_last(), state);
-    DDP_CHECK(static_cast<size_t>(state.position) <= s.num_samples,
+    size_t num_samples = s.num_samples;
+    if (!state.earlier_stages.empty() || !s.stages.empty()) {
+      State layout = s;  // the layout the state describes, without changing this one
+      layout.epoch = state.epoch;
+      layout.stages = state.earlier_stages;
+      layout.rebuild();
+      num_samples = layout.num_samples;
+    }
+    DDP_CHECK(static_cast<size_t>(state.position) <= num_samples,
               "DistributedSampler::load_state: position ", state.position,
-              " is past the end of the epoch (", s.num_samples,
+              " is past the end of the epoch (", num_samples,
               " samples per rank); the state is corrupt.");
   }
 }
@@ -201,12 +215,22 @@ void DistributedSampler::check_state(const DistributedSamplerState& state) const
 void DistributedSampler::load_state(const DistributedSamplerState& state) {
   check_state(state);
   State& s = *state_;
-  if (state.epoch != s.epoch) {
+  if (state.epoch != s.epoch || !state.earlier_stages.empty() || !s.stages.empty()) {
     s.epoch = state.epoch;
+    s.stages = state.earlier_stages;
     s.rebuild();
   }
   s.position = static_cast<size_t>(state.position);
   s.resuming = true;
+}
+
+void DistributedSampler::reshard(int64_t epoch,
+                                 const std::vector<DistributedSamplerStage>& stages) {
+  DistributedSamplerState st = state();
+  st.epoch = epoch;
+  st.position = 0;
+  st.earlier_stages = stages;
+  load_state(st);
 }
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
@@ -219,6 +243,14 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("shuffle", c10::IValue(st.shuffle));
   archive.write("seed", c10::IValue(st.seed));
   archive.write("drop_last", c10::IValue(st.drop_last));
+  if (!st.earlier_stages.empty()) {  // flat: num_replicas, then its positions, per stage
+    std::vector<int64_t> flat;
+    for (const auto& stage : st.earlier_stages) {
+      flat.push_back(stage.num_replicas);
+      flat.insert(flat.end(), stage.positions.begin(), stage.positions.end());
+    }
+    archive.write("earlier_stages", c10::IValue(flat));
+  }
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
@@ -238,6 +270,21 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   st.shuffle = read("shuffle").toBool();
   st.seed = read("seed").toInt();
   st.drop_last = read("drop_last").toBool();
+  c10::IValue stages;
+  if (archive.try_read("earlier_stages", stages)) {
+    const std::vector<int64_t> flat = stages.toIntVector();
+    for (size_t i = 0; i < flat.size();) {
+      DistributedSamplerStage stage;
+      stage.num_replicas = flat[i++];
+      DDP_CHECK(stage.num_replicas >= 1 && i + static_cast<size_t>(stage.num_replicas) <=
+                                                flat.size(),
+                "DistributedSampler::load: 'earlier_stages' is corrupt.");
+      stage.positions.assign(flat.begin() + static_cast<std::ptrdiff_t>(i),
+                             flat.begin() + static_cast<std::ptrdiff_t>(i) + stage.num_replicas);
+      i += static_cast<size_t>(stage.num_replicas);
+      st.earlier_stages.push_back(std::move(stage));
+    }
+  }
   load_state(st);
 }
 

@@ -7,6 +7,7 @@
 
 #include "amp/scaler_state.h"
 #include "core/check.h"
+#include "data/reshard.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint_io.h"
 #include "serialize/optimizer_state.h"
@@ -58,7 +59,28 @@ c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
   d.insert("seed", st.seed);
   d.insert("drop_last", st.drop_last);
   d.insert("positions", c10::List<int64_t>(positions));
+  if (!st.earlier_stages.empty()) {  // Note [Re-sharding an epoch] in src/data/reshard.h
+    c10::impl::GenericList stages = new_list();
+    for (const DistributedSamplerStage& stage : st.earlier_stages) {
+      c10::impl::GenericDict sd = new_dict();
+      sd.insert("num_replicas", stage.num_replicas);
+      sd.insert("positions", c10::List<int64_t>(stage.positions));
+      stages.push_back(sd);
+    }
+    d.insert("earlier_stages", stages);
+  }
   return d;
+}
+
+std::vector<int64_t> int_list(const c10::IValue& v, const std::string& what,
+                              const std::string& where) {
+  DDP_CHECK(v.isList(), where, ": ", what, " should be a list of ints");
+  std::vector<int64_t> out;
+  for (const c10::IValue& x : v.toList()) {
+    DDP_CHECK(x.isInt(), where, ": ", what, " should hold ints");
+    out.push_back(x.toInt());
+  }
+  return out;
 }
 
 std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
@@ -106,12 +128,19 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
   st.shuffle = get_bool(d, "shuffle", what, where);
   st.seed = get_int(d, "seed", what, where);
   st.drop_last = get_bool(d, "drop_last", what, where);
-  const c10::IValue positions_value = get(d, "positions", what, where);
-  DDP_CHECK(positions_value.isList(), where, ": sampler['positions'] should be a list");
-  std::vector<int64_t> positions;
-  for (const c10::IValue& p : positions_value.toList()) {
-    DDP_CHECK(p.isInt(), where, ": sampler['positions'] should hold ints");
-    positions.push_back(p.toInt());
+  const std::vector<int64_t> positions =
+      int_list(get(d, "positions", what, where), "sampler['positions']", where);
+  if (d.contains("earlier_stages")) {
+    const c10::IValue stages = d.at("earlier_stages");
+    DDP_CHECK(stages.isList(), where, ": sampler['earlier_stages'] should be a list");
+    for (const c10::IValue& sv : stages.toList()) {
+      const c10::impl::GenericDict sd = as_dict(sv, "sampler['earlier_stages'][i]", where);
+      DistributedSamplerStage stage;
+      stage.num_replicas = get_int(sd, "num_replicas", "sampler['earlier_stages'][i]", where);
+      stage.positions = int_list(get(sd, "positions", "sampler['earlier_stages'][i]", where),
+                                 "sampler['earlier_stages'][i]['positions']", where);
+      st.earlier_stages.push_back(std::move(stage));
+    }
   }
   DDP_CHECK(static_cast<int64_t>(positions.size()) == st.num_replicas && st.num_replicas > 0 &&
                   st.dataset_size > 0,
@@ -125,30 +154,44 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
               st.rank, "; the checkpoint was saved with a sampler of another rank layout.");
   } else {
     // Note [Resuming with another world size]: at an epoch boundary (every rank at 0, or
-    // every rank done with the epoch) only the epoch carries over; mid-epoch the unseen
-    // samples of N ranks cannot be divided among M ranks the way M ranks would have.
-    const int64_t n = st.dataset_size;
-    const int64_t saved_samples =
-        st.drop_last ? n / st.num_replicas : (n + st.num_replicas - 1) / st.num_replicas;
+    // every rank done with the epoch) the epoch carries over. Mid-epoch the samples that
+    // the saved ranks had not handed out are shared among this run's ranks (Note
+    // [Re-sharding an epoch] in src/data/reshard.h), which needs every saved position.
+    const size_t saved_samples =
+        detail::share_size(detail::remaining_after(std::vector<size_t>(
+                                                       static_cast<size_t>(st.dataset_size)),
+                                                   st.earlier_stages, st.drop_last)
+                               .size(),
+                           st.num_replicas, st.drop_last);
     // -1: no process had that sampler rank (e.g. saved by one process for rank 0 of 2).
     bool all_zero = true;
     bool all_done = true;
+    bool all_known = true;
     for (const int64_t p : positions) {
+      all_known = all_known && p >= 0;
       if (p < 0) continue;
       all_zero = all_zero && p == 0;
-      all_done = all_done && p == saved_samples;
+      all_done = all_done && p == static_cast<int64_t>(saved_samples);
     }
-    DDP_CHECK(all_zero || all_done, where, ": the checkpoint was saved mid-epoch (epoch ",
-              st.epoch, ", position ", positions[0], " of ", saved_samples,
-              " samples per rank) by ", st.num_replicas,
-              " ranks, but this sampler has num_replicas=", sampler.num_replicas(),
-              ". The samples not yet seen cannot be split the same way across another "
-              "number of ranks; resume with ", st.num_replicas,
-              " ranks, or from a checkpoint saved at an epoch boundary.");
     const int64_t epoch = st.epoch;
+    std::vector<DistributedSamplerStage> stages = st.earlier_stages;
+    if (!all_zero && !all_done) {
+      DDP_CHECK(all_known, where, ": the checkpoint was saved mid-epoch (epoch ", epoch,
+                ") by ", st.num_replicas, " ranks, but not every rank saved its sampler "
+                "position, so the samples not yet seen are unknown and cannot be shared among "
+                "this run's ", sampler.num_replicas(), " ranks. Resume with ", st.num_replicas,
+                " ranks, or from a checkpoint saved at an epoch boundary.");
+      stages.push_back(DistributedSamplerStage{st.num_replicas, positions});
+    }
     st = sampler.state();
     st.epoch = epoch;
-    st.position = all_zero ? 0 : static_cast<int64_t>(sampler.num_samples());
+    st.earlier_stages = all_done ? std::vector<DistributedSamplerStage>() : stages;
+    st.position = 0;
+    if (all_done) {  // nothing left of that epoch: the loop goes on to the next
+      st.position = static_cast<int64_t>(
+          detail::share_size(static_cast<size_t>(st.dataset_size), st.num_replicas,
+                             st.drop_last));
+    }
   }
   sampler.check_state(st);
   return [&sampler, st] { sampler.load_state(st); };

@@ -48,6 +48,14 @@ struct DistributedSamplerOptions {
   TORCH_ARG(bool, drop_last) = false;
 };
 
+/// One earlier layout of the current epoch: the number of ranks that started it and how
+/// many indices each had handed out when the run stopped. See Note [Re-sharding an epoch]
+/// in src/data/reshard.h.
+struct DistributedSamplerStage {
+  int64_t num_replicas = 1;
+  std::vector<int64_t> positions;  // one per rank of that layout
+};
+
 /// A sampler's position as plain values, for checkpoints (see ddp::save_checkpoint).
 /// `position` counts the indices this rank has already handed out in `epoch`.
 struct DistributedSamplerState {
@@ -59,6 +67,10 @@ struct DistributedSamplerState {
   bool shuffle = true;
   int64_t seed = 0;
   bool drop_last = false;
+  /// Earlier layouts of this epoch, oldest first; empty unless the epoch was resumed with
+  /// another number of ranks. The current layout shares out only the samples they had not
+  /// handed out yet.
+  std::vector<DistributedSamplerStage> earlier_stages;
 };
 
 /// A LibTorch sampler (plugs into torch::data::make_data_loader) that hands this rank
@@ -101,6 +113,14 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   /// Mid-epoch (position > 0) the dataset size, num_replicas, rank, shuffle, seed and
   /// drop_last must equal this sampler's, else the remaining samples would differ.
   void load_state(const DistributedSamplerState& state);
+  /// Continues epoch `epoch`, which `stages` (oldest first) had started with other numbers
+  /// of ranks, on this sampler's ranks: the samples those ranks had not yet handed out are
+  /// shared among this sampler's, so that every sample of the epoch is still seen once
+  /// (apart from the padding that makes shares equal, as in Python; with drop_last, the
+  /// remainder is dropped instead). Every rank must pass the same stages. Used by
+  /// load_checkpoint when a run resumes mid-epoch with another world size (elastic
+  /// restarts). The next epoch is Python's order again.
+  void reshard(int64_t epoch, const std::vector<DistributedSamplerStage>& stages);
   /// Throws exactly when load_state(state) would, and changes nothing.
   void check_state(const DistributedSamplerState& state) const;
 

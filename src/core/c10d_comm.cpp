@@ -141,6 +141,28 @@ class DoneWork final : public PendingWork {
   std::vector<at::Tensor> value_;
 };
 
+// A flat collective's work. Some backends' works for these have no future (Gloo's
+// reduce_scatter in 2.x: "Work::getFuture not implemented"); then future() waits for
+// the work and hands back a completed future holding the output, as the others do.
+class FlatWork final : public PendingWork {
+ public:
+  FlatWork(std::shared_ptr<PendingWork> inner, at::Tensor output)
+      : inner_(std::move(inner)), output_(std::move(output)) {}
+  void wait() override { inner_->wait(); }
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    try {
+      return inner_->future();
+    } catch (const c10::Error&) {
+      inner_->wait();
+      return DoneWork({output_}).future();
+    }
+  }
+
+ private:
+  std::shared_ptr<PendingWork> inner_;
+  at::Tensor output_;
+};
+
 void store_set_on(c10d::Store& store, const std::string& key, const std::string& value) {
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -201,7 +223,7 @@ class C10dComm final : public Comm {
       opts.timeout = config_->timeout;
       if (auto work = run_native("reduce_scatter_tensor", native_reduce_scatter_,
                                  [&] { return pg()->_reduce_scatter_base(output, input, opts); })) {
-        return work;
+        return std::make_shared<FlatWork>(std::move(work), output);
       }
     }
     return reduce_scatter_by_all_reduce(output, input, op);
@@ -215,7 +237,7 @@ class C10dComm final : public Comm {
       opts.timeout = config_->timeout;
       if (auto work = run_native("all_gather_into_tensor", native_all_gather_,
                                  [&] { return pg()->_allgather_base(output, input, opts); })) {
-        return work;
+        return std::make_shared<FlatWork>(std::move(work), output);
       }
     }
     return all_gather_by_views(output, input);

@@ -9,6 +9,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/errors.h>
 #include <ddp/join.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler.h>
 #include <ddp/sync_batchnorm.h>

@@ -40,6 +40,23 @@ class CopyAfterWork final : public PendingWork {
   at::Tensor to_;
 };
 
+// An empty collective: nothing to send. Gloo in 1.13 divides by the element count in
+// its all-gather (SIGFPE), so empty tensors never reach the backend.
+class NothingWork final : public PendingWork {
+ public:
+  explicit NothingWork(at::Tensor output) : output_(std::move(output)) {}
+  void wait() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(std::vector<at::Tensor>{output_}));
+    return future;
+  }
+
+ private:
+  at::Tensor output_;
+};
+
 } // namespace
 
 void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const {
@@ -61,6 +78,7 @@ void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tenso
 std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& output,
                                                                 at::Tensor& input,
                                                                 ReduceOp op) {
+  if (output.numel() == 0) return std::make_shared<NothingWork>(output);
   // A copy, so that the caller's input keeps its values, as with a native reduce-scatter.
   std::vector<at::Tensor> tensors{input.clone()};
   auto work = all_reduce(tensors, op);
@@ -71,6 +89,7 @@ std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& outp
 
 std::shared_ptr<PendingWork> Comm::all_gather_by_views(at::Tensor& output, at::Tensor& input) {
   const int64_t n = input.numel();
+  if (n == 0) return std::make_shared<NothingWork>(output);
   std::vector<std::vector<at::Tensor>> outputs(1);
   const at::Tensor flat = output.view({-1});
   for (int r = 0; r < config_->world_size; ++r) {

@@ -125,6 +125,13 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 void ZeroRedundancyOptimizer::pass_options_to_shard() {
+  // LibTorch's add_param_group is not virtual, so a group added later reaches
+  // param_groups() without being partitioned.
+  DDP_CHECK(param_groups().size() == local_->param_groups().size(),
+            "ZeroRedundancyOptimizer on rank ", group_->rank(), " was built with ",
+            local_->param_groups().size(), " param group(s) but now has ",
+            param_groups().size(), ": add_param_group after construction is not supported. "
+            "Pass every param group to the constructor.");
   // param_groups() is what users and LR schedulers change (Note in the header).
   for (size_t g = 0; g < param_groups().size(); ++g) {
     local_->param_groups()[g].set_options(param_groups()[g].options().clone());

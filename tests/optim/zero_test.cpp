@@ -254,3 +254,14 @@ TEST(ZeroWorldOneTest, OwnsEverythingAndSendsNothing) {
               model->parameters().size());
   });
 }
+
+TEST(ZeroErrorsTest, ParamGroupAddedLaterIsRefused) {
+  run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
+    ZeroRedundancyOptimizer zero({at::zeros({2}, at::requires_grad())},
+                                 torch::optim::SGDOptions(0.1), zero_options(pg));
+    zero.add_param_group(torch::optim::OptimizerParamGroup({at::zeros({3}, at::requires_grad())}));
+    EXPECT_ERROR_HAS(ddp_test::error_of([&] { zero.step(); }),
+                     "built with 1 param group(s) but now has 2: add_param_group after "
+                     "construction is not supported");
+  });
+}

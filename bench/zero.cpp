@@ -7,8 +7,8 @@
 //
 // Modes: "plain" (DDP + torch::optim::Adam), "zero all-gather" and "zero broadcast"
 // (DDP + ZeroRedundancyOptimizer over Adam, with each ParameterSync). Each repeat times
-// ITERS iterations after a warm-up; the table shows the median over repeats and the
-// ratio to plain. A second table times the collectives alone on the model's numel:
+// ITERS iterations after a warm-up, the modes taking turns; the table shows the median
+// over repeats and the ratio to plain. A second table times the collectives alone on the model's numel:
 // all-reduce (what DDP does) against reduce-scatter + all-gather (what a ZeRO that
 // reduce-scatters gradients would do).
 
@@ -55,21 +55,24 @@ torch::nn::Sequential wide_mlp(int64_t width, int64_t layers) {
   return net;
 }
 
-struct Result {
-  double ms = 0;          // median time per iteration
-  int64_t state_bytes = 0;  // optimizer state on this rank
-};
-
-Result run(const std::string& mode, int64_t width, int64_t layers, int iters, int repeats) {
-  torch::manual_seed(0);
-  auto model = wide_mlp(width, layers);
-  auto dmodel = ddp::DistributedDataParallel(model);
-  const auto options = torch::optim::AdamOptions(1e-4);
+// One training setup: a model behind DDP with its optimizer.
+struct Setup {
+  std::string mode;
+  torch::nn::Sequential model{nullptr};
+  ddp::DistributedDataParallel<torch::nn::Sequential> dmodel{nullptr};
   std::unique_ptr<torch::optim::Optimizer> opt;
   ddp::ZeroRedundancyOptimizer* zero = nullptr;
-  if (mode == "plain") {
-    opt = std::make_unique<torch::optim::Adam>(model->parameters(), options);
-  } else {
+  std::vector<double> ms;  // per repeat, per iteration
+
+  Setup(std::string mode_, int64_t width, int64_t layers) : mode(std::move(mode_)) {
+    torch::manual_seed(0);
+    model = wide_mlp(width, layers);
+    dmodel = ddp::DistributedDataParallel(model);
+    const auto options = torch::optim::AdamOptions(1e-4);
+    if (mode == "plain") {
+      opt = std::make_unique<torch::optim::Adam>(model->parameters(), options);
+      return;
+    }
     auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(
         model->parameters(), options,
         ddp::ZeroRedundancyOptimizerOptions().parameter_sync(
@@ -78,28 +81,17 @@ Result run(const std::string& mode, int64_t width, int64_t layers, int iters, in
     zero = z.get();
     opt = std::move(z);
   }
-  const at::Tensor x = at::randn({16, 64});
-  const at::Tensor y = at::randn({16, 8});
-  auto iteration = [&] {
+
+  void iteration(const at::Tensor& x, const at::Tensor& y) {
     opt->zero_grad();
     torch::mse_loss(dmodel->forward(x), y).backward();
     opt->step();
-  };
-  for (int i = 0; i < 3; ++i) iteration();
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    ddp::barrier();
-    const auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) iteration();
-    ddp::barrier();
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /
-                    iters);
   }
-  Result result;
-  result.ms = median(times);
-  result.state_bytes = zero ? zero->local_state_bytes() : ddp::optimizer_state_bytes(*opt);
-  return result;
-}
+
+  int64_t state_bytes() const {
+    return zero ? zero->local_state_bytes() : ddp::optimizer_state_bytes(*opt);
+  }
+};
 
 double time_collective(int repeats, const std::function<void()>& f) {
   for (int i = 0; i < 2; ++i) f();
@@ -117,7 +109,7 @@ double time_collective(int repeats, const std::function<void()>& f) {
 
 int main(int argc, char** argv) {
   const int64_t width = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int64_t layers = argc > 2 ? std::atoll(argv[2]) : 4;
+  const int64_t layers = argc > 2 ? std::atoll(argv[2]) : 6;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 5;
   const int repeats = argc > 4 ? std::atoi(argv[4]) : 7;
   at::set_num_threads(1);
@@ -132,25 +124,48 @@ int main(int argc, char** argv) {
                 "median of %d repeats of %d iterations\n",
                 static_cast<long long>(numel), numel * 4 / 1e6, pg->size(),
                 pg->backend().c_str(), repeats, iters);
-    std::printf("| mode | ms / iteration | vs plain | optimizer state / rank (MB) | vs plain |\n");
+    std::printf("| mode | ms / iteration | vs plain | optimizer state, largest rank (MB) | "
+                "vs plain |\n");
     std::printf("|---|---:|---:|---:|---:|\n");
   }
-  Result plain;
-  for (const std::string mode : {"plain", "zero all-gather", "zero broadcast"}) {
-    const Result r = run(mode, width, layers, iters, repeats);
-    if (mode == "plain") plain = r;
-    // The largest rank's state: what bounds memory.
-    at::Tensor bytes = at::full({1}, r.state_bytes, at::kLong);
-    pg->all_reduce(bytes, ddp::ReduceOp::MAX);
-    const int64_t max_bytes = bytes.item<int64_t>();
-    at::Tensor plain_bytes = at::full({1}, plain.state_bytes, at::kLong);
-    pg->all_reduce(plain_bytes, ddp::ReduceOp::MAX);
-    if (leader) {
-      std::printf("| %s | %.2f | %.2f | %.1f | %.2f |\n", mode.c_str(), r.ms, r.ms / plain.ms,
-                  max_bytes / 1e6,
-                  static_cast<double>(max_bytes) / static_cast<double>(plain_bytes.item<int64_t>()));
+  // The modes take turns, repeat by repeat, so that a change of machine load reaches
+  // all of them alike.
+  std::vector<std::unique_ptr<Setup>> setups;
+  for (const char* mode : {"plain", "zero all-gather", "zero broadcast"}) {
+    setups.push_back(std::make_unique<Setup>(mode, width, layers));
+  }
+  const at::Tensor x = at::randn({16, 64});
+  const at::Tensor y = at::randn({16, 8});
+  for (auto& setup : setups) {
+    for (int i = 0; i < 3; ++i) setup->iteration(x, y);
+  }
+  for (int r = 0; r < repeats; ++r) {
+    for (auto& setup : setups) {
+      ddp::barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < iters; ++i) setup->iteration(x, y);
+      ddp::barrier();
+      setup->ms.push_back(
+          std::chrono::duration<double, std::milli>(Clock::now() - start).count() / iters);
     }
   }
+  // The largest rank's state: what bounds memory.
+  auto largest = [&](int64_t bytes) {
+    at::Tensor t = at::full({1}, bytes, at::kLong);
+    pg->all_reduce(t, ddp::ReduceOp::MAX);
+    return t.item<int64_t>();
+  };
+  const double plain_ms = median(setups[0]->ms);
+  const int64_t plain_bytes = largest(setups[0]->state_bytes());
+  for (auto& setup : setups) {
+    const double ms = median(setup->ms);
+    const int64_t bytes = largest(setup->state_bytes());
+    if (leader) {
+      std::printf("| %s | %.2f | %.2f | %.1f | %.2f |\n", setup->mode.c_str(), ms, ms / plain_ms,
+                  bytes / 1e6, static_cast<double>(bytes) / static_cast<double>(plain_bytes));
+    }
+  }
+  setups.clear();
 
   const int64_t world = pg->size();
   const int64_t chunk = (numel + world - 1) / world;
@@ -161,6 +176,16 @@ int main(int argc, char** argv) {
       time_collective(repeats, [&] { pg->reduce_scatter_tensor(part, full); });
   const double all_gather_ms =
       time_collective(repeats, [&] { pg->all_gather_into_tensor(full, part); });
+  std::vector<at::Tensor> chunks;
+  for (int64_t r = 0; r < world; ++r) chunks.push_back(at::randn({chunk}));
+  const double broadcasts_ms = time_collective(repeats, [&] {
+    std::vector<ddp::Work> works;
+    for (int64_t r = 0; r < world; ++r) {
+      std::vector<at::Tensor> one{chunks[static_cast<size_t>(r)]};
+      works.push_back(pg->broadcast_async(one, static_cast<int>(r)));
+    }
+    for (auto& w : works) w.wait();
+  });
   if (leader) {
     std::printf("\n| collective on %lld floats | ms | vs all-reduce |\n",
                 static_cast<long long>(chunk * world));
@@ -170,6 +195,8 @@ int main(int argc, char** argv) {
                 reduce_scatter_ms / all_reduce_ms);
     std::printf("| all_gather_into_tensor | %.2f | %.2f |\n", all_gather_ms,
                 all_gather_ms / all_reduce_ms);
+    std::printf("| a broadcast from each rank (1/%lld each) | %.2f | %.2f |\n",
+                static_cast<long long>(world), broadcasts_ms, broadcasts_ms / all_reduce_ms);
     std::printf("| reduce_scatter + all_gather | %.2f | %.2f |\n",
                 reduce_scatter_ms + all_gather_ms,
                 (reduce_scatter_ms + all_gather_ms) / all_reduce_ms);

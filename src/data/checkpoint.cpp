@@ -77,6 +77,9 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
   top.insert("epoch", checkpoint.epoch());
   top.insert("step", checkpoint.step());
   top.insert("model", cpu_state_dict(*checkpoint.model()));
+  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state, "save_checkpoint: rank 0 of "
+            "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
+            "where its state was gathered. Use the optimizer's group for the checkpoint.");
   if (checkpoint.optimizer() != nullptr) {
     top.insert("optimizer", checkpoint.sharded_optimizer()
                                 ? sharded_state.value()

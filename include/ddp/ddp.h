@@ -7,6 +7,7 @@
 //   amp/          autocast and the gradient scaler
 //   data/         DistributedSampler
 //   serialize/    checkpoints and state dicts that Python's torch.load reads
+//   optim/        ZeroRedundancyOptimizer (ZeRO-1)
 
 #include <ddp/errors.h>
 
@@ -24,3 +25,5 @@
 #include <ddp/data/distributed_sampler.h>
 
 #include <ddp/serialize/checkpoint.h>
+
+#include <ddp/optim/zero_redundancy_optimizer.h>

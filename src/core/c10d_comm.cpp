@@ -47,6 +47,7 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <csignal>
 #include <mutex>
@@ -142,6 +143,28 @@ class DoneWork final : public PendingWork {
   std::vector<at::Tensor> value_;
 };
 
+// A flat collective's work. Some backends' works for these have no future (Gloo's
+// reduce_scatter in 2.x: "Work::getFuture not implemented"); then future() waits for
+// the work and hands back a completed future holding the output, as the others do.
+class FlatWork final : public PendingWork {
+ public:
+  FlatWork(std::shared_ptr<PendingWork> inner, at::Tensor output)
+      : inner_(std::move(inner)), output_(std::move(output)) {}
+  void wait() override { inner_->wait(); }
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    try {
+      return inner_->future();
+    } catch (const c10::Error&) {
+      inner_->wait();
+      return DoneWork({output_}).future();
+    }
+  }
+
+ private:
+  std::shared_ptr<PendingWork> inner_;
+  at::Tensor output_;
+};
+
 void store_set_on(c10d::Store& store, const std::string& key, const std::string& value) {
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -186,6 +209,40 @@ class C10dComm final : public Comm {
     c10d::AllgatherOptions opts;
     opts.timeout = config_->timeout;
     return run("all_gather", [&] { return pg()->allgather(outputs, inputs, opts); });
+  }
+
+  // Note [Native flat collectives]: _reduce_scatter_base and _allgather_base are
+  // declared in both LibTorch versions (2.x forwards them to reduce_scatter_single and
+  // all_gather_single), but Gloo in 1.13 refuses them when called. The refusal comes at
+  // launch, before any byte is sent, so the first one switches this group to the
+  // fallbacks of Note [Flat collective fallbacks] for good; every rank refuses alike.
+  std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                     ReduceOp op) override {
+    check_flat("reduce_scatter_tensor", input, output);
+    if (native_reduce_scatter_) {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(op);
+      opts.timeout = config_->timeout;
+      if (auto work = run_native("reduce_scatter_tensor", native_reduce_scatter_,
+                                 [&] { return pg()->_reduce_scatter_base(output, input, opts); })) {
+        return std::make_shared<FlatWork>(std::move(work), output);
+      }
+    }
+    return reduce_scatter_by_all_reduce(output, input, op);
+  }
+
+  std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                      at::Tensor& input) override {
+    check_flat("all_gather_into_tensor", output, input);
+    if (native_all_gather_) {
+      c10d::AllgatherOptions opts;
+      opts.timeout = config_->timeout;
+      if (auto work = run_native("all_gather_into_tensor", native_all_gather_,
+                                 [&] { return pg()->_allgather_base(output, input, opts); })) {
+        return std::make_shared<FlatWork>(std::move(work), output);
+      }
+    }
+    return all_gather_by_views(output, input);
   }
 
   void barrier() override {
@@ -237,6 +294,23 @@ class C10dComm final : public Comm {
     return std::make_shared<C10dWork>(std::move(work), config_, what);
   }
 
+  // run() for an op the backend may not have: nullptr (and `native` cleared) when it
+  // refuses the call (Note [Native flat collectives]).
+  template <typename F>
+  std::shared_ptr<PendingWork> run_native(const char* what, std::atomic<bool>& native,
+                                          F&& launch) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = launch();
+    } catch (const std::exception& e) {
+      if (!is_unsupported_op(cause_text(e))) rethrow_comm_error(e, *config_, what);
+      native = false;
+      return nullptr;
+    }
+    track(work);
+    return std::make_shared<C10dWork>(std::move(work), config_, what);
+  }
+
   // Works launched and not yet seen complete, for shutdown(). Completed ones are
   // dropped on each launch, so the list stays as short as what is in flight.
   void track(const c10::intrusive_ptr<c10d::Work>& work) {
@@ -257,6 +331,8 @@ class C10dComm final : public Comm {
   c10::intrusive_ptr<PG> pg_;
   std::mutex in_flight_mutex_;
   std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
+  std::atomic<bool> native_reduce_scatter_{true};
+  std::atomic<bool> native_all_gather_{true};
 };
 
 // World size 1: nothing to exchange, every collective is the identity.
@@ -510,6 +586,14 @@ CommFailure classify_comm_failure(const std::string& cause) {
   const bool timeout =
       t.find("timed out") != std::string::npos || t.find("timeout") != std::string::npos;
   return timeout ? CommFailure::kTimeout : CommFailure::kBroken;
+}
+
+bool is_unsupported_op(const std::string& cause) {
+  // 1.13: "ProcessGroupGloo does not support _reduce_scatter_base", "no support for
+  // _allgather_base in Gloo process group".
+  const std::string t = lower(cause);
+  return t.find("does not support") != std::string::npos ||
+         t.find("no support for") != std::string::npos;
 }
 
 void throw_comm_failure(CommFailure kind, const std::string& message) {

@@ -91,6 +91,15 @@ class Comm {
   virtual std::shared_ptr<PendingWork> all_gather(
       std::vector<std::vector<at::Tensor>>& outputs,
       std::vector<at::Tensor>& inputs) = 0;
+  /// Rank r's `output` receives the reduction (op: SUM, MAX or MIN) of chunk r of
+  /// every rank's `input`, which holds world_size equal chunks of output's numel.
+  /// Backends without a native one (Gloo in LibTorch 1.13) get the fallback below.
+  virtual std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output,
+                                                             at::Tensor& input, ReduceOp op);
+  /// Chunk r of `output` (world_size chunks of input's numel) receives rank r's
+  /// `input`.
+  virtual std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                              at::Tensor& input);
   virtual void barrier() = 0;
 
   // The rendezvous store, for ddp-cpp's own checks (arrival, monitored_barrier,
@@ -112,6 +121,16 @@ class Comm {
       : config_(std::make_shared<const CommConfig>(std::move(config))) {}
   /// Whether tensors on `device` may be passed to this backend's collectives.
   virtual bool accepts(const c10::Device& device) const;
+  /// Note [Flat collective fallbacks]: reduce_scatter_tensor as an all-reduce of a copy
+  /// of `input` whose chunk is then copied out, and all_gather_into_tensor as an
+  /// all-gather into views of `output`. Correct on any Comm; the all-reduce moves twice
+  /// the bytes of a native reduce-scatter.
+  std::shared_ptr<PendingWork> reduce_scatter_by_all_reduce(at::Tensor& output,
+                                                            at::Tensor& input, ReduceOp op);
+  std::shared_ptr<PendingWork> all_gather_by_views(at::Tensor& output, at::Tensor& input);
+  /// Throws naming `what` unless `whole` is world_size contiguous chunks of `part`'s
+  /// numel and dtype, on a device this group reads.
+  void check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const;
   std::shared_ptr<const CommConfig> config_;
 
  private:
@@ -149,6 +168,10 @@ CommFailure classify_comm_failure(const std::string& cause);
 /// A caught exception's text for a "Cause: ..." (c10::Error without its location and
 /// backtrace).
 std::string cause_text(const std::exception& e);
+
+/// Whether a backend's error says that it does not implement the collective at all
+/// (Note [Native flat collectives]).
+bool is_unsupported_op(const std::string& cause);
 
 /// Throws TimeoutError for kTimeout, else ProcessGroupError, with `message`.
 [[noreturn]] void throw_comm_failure(CommFailure kind, const std::string& message);

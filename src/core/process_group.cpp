@@ -112,6 +112,21 @@ std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes
   return out;
 }
 
+void ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                                         ReduceOp op) {
+  DDP_CHECK(op != ReduceOp::AVG || at::isFloatingType(input.scalar_type()),
+            "reduce_scatter_tensor with AVG needs a floating-point tensor, but got ",
+            input.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
+  at::Tensor in = input;
+  comm().reduce_scatter_tensor(output, in, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
+  if (op == ReduceOp::AVG && size() > 1) output.div_(size());
+}
+
+void ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
+  at::Tensor in = input;
+  comm().all_gather_into_tensor(output, in)->wait();
+}
+
 namespace detail {
 
 Comm& comm_of(const ProcessGroup& pg) { return pg.comm(); }
@@ -153,6 +168,28 @@ Work ProcessGroup::broadcast_async(std::vector<at::Tensor>& tensors, int src) {
   Work w;
   w.state_ = std::make_shared<Work::State>();
   w.state_->pending = comm().broadcast(tensors, src);
+  return w;
+}
+
+Work ProcessGroup::reduce_scatter_tensor_async(at::Tensor& output, at::Tensor& input,
+                                              ReduceOp op) {
+  if (op == ReduceOp::AVG) {
+    DDP_CHECK(at::isFloatingType(input.scalar_type()), "reduce_scatter_tensor_async with AVG "
+              "needs a floating-point tensor, but got ", input.scalar_type(), " on rank ",
+              rank(), ".");
+    input.div_(size());
+    op = ReduceOp::SUM;
+  }
+  Work w;
+  w.state_ = std::make_shared<Work::State>();
+  w.state_->pending = comm().reduce_scatter_tensor(output, input, op);
+  return w;
+}
+
+Work ProcessGroup::all_gather_into_tensor_async(at::Tensor& output, at::Tensor& input) {
+  Work w;
+  w.state_ = std::make_shared<Work::State>();
+  w.state_->pending = comm().all_gather_into_tensor(output, input);
   return w;
 }
 
@@ -222,6 +259,13 @@ std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
 }
 std::vector<std::string> all_gather_bytes(const std::string& bytes) {
   return default_group()->all_gather_bytes(bytes);
+}
+
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  default_group()->reduce_scatter_tensor(output, input, op);
+}
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
+  default_group()->all_gather_into_tensor(output, input);
 }
 
 ProcessGroupGuard::ProcessGroupGuard(const InitOptions& options) {

@@ -153,6 +153,19 @@ std::shared_ptr<PendingWork> TracedComm::all_gather(
                 [&] { return inner_->all_gather(outputs, inputs); });
 }
 
+std::shared_ptr<PendingWork> TracedComm::reduce_scatter_tensor(at::Tensor& output,
+                                                               at::Tensor& input, ReduceOp op) {
+  return traced("reduce_scatter_tensor(" + op_name(op) + ") [" + describe_tensors({input}) +
+                    "]",
+                [&] { return inner_->reduce_scatter_tensor(output, input, op); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::all_gather_into_tensor(at::Tensor& output,
+                                                                at::Tensor& input) {
+  return traced("all_gather_into_tensor [" + describe_tensors({input}) + "]",
+                [&] { return inner_->all_gather_into_tensor(output, input); });
+}
+
 // A barrier has no work to hand back: it is recorded around the blocking call.
 namespace {
 class BarrierWork final : public PendingWork {

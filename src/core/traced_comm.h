@@ -36,6 +36,10 @@ class TracedComm final : public Comm {
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override;
   std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs) override;
+  std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                     ReduceOp op) override;
+  std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                      at::Tensor& input) override;
   void barrier() override;
 
   void store_set(const std::string& key, const std::string& value) override {

@@ -14,6 +14,7 @@
 #include "serialize/pickle_io.h"
 #include "serialize/rng_state.h"
 #include "serialize/state_dict.h"
+#include "serialize/sharded_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -84,7 +85,8 @@ std::vector<int64_t> int_list(const c10::IValue& v, const std::string& what,
 }
 
 std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
-                             const std::vector<std::string>& part_bytes) {
+                             const std::vector<std::string>& part_bytes,
+                             const std::optional<c10::impl::GenericDict>& sharded_state) {
   std::vector<c10::impl::GenericDict> parts;
   for (size_t r = 0; r < part_bytes.size(); ++r) {
     parts.push_back(as_dict(unpickle(part_bytes[r], "save_checkpoint"),
@@ -97,8 +99,13 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
   top.insert("epoch", checkpoint.epoch());
   top.insert("step", checkpoint.step());
   top.insert("model", cpu_state_dict(*checkpoint.model()));
+  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state, "save_checkpoint: rank 0 of "
+            "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
+            "where its state was gathered. Use the optimizer's group for the checkpoint.");
   if (checkpoint.optimizer() != nullptr) {
-    top.insert("optimizer", optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
+    top.insert("optimizer", checkpoint.sharded_optimizer()
+                                ? sharded_state.value()
+                                : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
   }
   if (checkpoint.sampler() != nullptr) {
     top.insert("sampler", sampler_dict(*checkpoint.sampler(), parts));
@@ -244,11 +251,15 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
   DDP_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
             "'): Checkpoint::model is null; expected the unwrapped model");
   const CheckpointGroup group = checkpoint_group(checkpoint);
+  // Note [Sharded optimizers in checkpoints]: gathered on rank 0, with every rank.
+  const std::optional<c10::impl::GenericDict> sharded_state =
+      checkpoint.sharded_optimizer() ? checkpoint.sharded_optimizer()->gather(*checkpoint.model())
+                                     : std::nullopt;
   const std::vector<std::string> parts = group.all_gather(rank_part(checkpoint));
   std::string error;
   if (group.rank == 0) {
     try {
-      const std::vector<char> bytes = build_file(checkpoint, group, parts);
+      const std::vector<char> bytes = build_file(checkpoint, group, parts, sharded_state);
       if (before) before();
       write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
       if (after) after();
@@ -320,8 +331,12 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
       *checkpoint.model(), tensor_dict(get(top, "model", "the file", where), "'model'", where),
       where));
   if (checkpoint.optimizer() != nullptr) {
-    steps.push_back(prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(),
-                                           get(top, "optimizer", "the file", where), where));
+    const c10::IValue saved = get(top, "optimizer", "the file", where);
+    steps.push_back(checkpoint.sharded_optimizer()
+                        ? checkpoint.sharded_optimizer()->prepare_load(*checkpoint.model(),
+                                                                       saved, where)
+                        : prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(),
+                                                 saved, where));
   }
   if (checkpoint.sampler() != nullptr) {
     steps.push_back(

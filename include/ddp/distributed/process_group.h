@@ -126,11 +126,25 @@ class ProcessGroup {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
   /// Every rank's bytes (any length), in rank order.
   std::vector<std::string> all_gather_bytes(const std::string& bytes);
+  /// torch.distributed.reduce_scatter_tensor: `input` holds size() equal chunks of
+  /// output's numel; rank r's `output` receives the reduction of every rank's chunk r.
+  /// AVG divides by size(). `input` is left as it was.
+  void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                             ReduceOp op = ReduceOp::SUM);
+  /// torch.distributed.all_gather_into_tensor: chunk r of `output` (size() chunks of
+  /// input's numel, contiguous) receives rank r's `input`.
+  void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
 
   /// Launches an all-reduce and returns at once; the tensors are reduced in place
   /// (AVG divides on completion). For DDP's buckets and comm hooks.
   Work all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::SUM);
   Work broadcast_async(std::vector<at::Tensor>& tensors, int src = 0);
+  /// reduce_scatter_tensor, launched; the future yields [output]. AVG divides `input`
+  /// first (in place), as all_reduce_async does.
+  Work reduce_scatter_tensor_async(at::Tensor& output, at::Tensor& input,
+                                   ReduceOp op = ReduceOp::SUM);
+  /// all_gather_into_tensor, launched; the future yields [output].
+  Work all_gather_into_tensor_async(at::Tensor& output, at::Tensor& input);
 
   /// Releases the connections. Further calls throw. Called by the destructor.
   void shutdown();
@@ -176,6 +190,9 @@ void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
 void broadcast(at::Tensor& tensor, int src = 0);
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
 std::vector<std::string> all_gather_bytes(const std::string& bytes);
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                           ReduceOp op = ReduceOp::SUM);
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
 
 /// Initialises the default group on construction and destroys it at scope exit, also
 /// when an exception unwinds, so no peer is left waiting for a rank that is gone.

@@ -38,6 +38,7 @@
 #include <ATen/core/jit_type.h>
 #include <torch/arg.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,6 +60,11 @@ namespace amp {
 class GradScaler;
 } // namespace amp
 
+class ZeroRedundancyOptimizer;
+namespace detail {
+class ShardedOptimizerState;
+} // namespace detail
+
 /// The caller's own values in a checkpoint: string keys, any IValue (int, double,
 /// string, tensor, list, dict); Python reads it as dict[str, Any].
 using CheckpointExtra = c10::impl::GenericDict;
@@ -79,8 +85,17 @@ struct Checkpoint {
   /// torch::optim::SGD, Adam or AdamW; nullptr: none.
   Checkpoint& optimizer(torch::optim::Optimizer* optimizer) {
     optimizer_ = optimizer;
+    sharded_optimizer_.reset();
     return *this;
   }
+  Checkpoint& optimizer(std::nullptr_t) {
+    return optimizer(static_cast<torch::optim::Optimizer*>(nullptr));
+  }
+  /// A ZeroRedundancyOptimizer over SGD, Adam or AdamW, saved as the unsharded
+  /// optimizer's state (gathered on rank 0, so a plain optimizer resumes from it) and
+  /// loaded into each rank's shard, with any number of ranks. Its group must be the
+  /// checkpoint's. Defined with the optimizer (ddp_optim).
+  Checkpoint& optimizer(ZeroRedundancyOptimizer* optimizer);
   torch::optim::Optimizer* optimizer() const { return optimizer_; }
   /// nullptr: none.
   Checkpoint& sampler(DistributedSampler* sampler) { sampler_ = sampler; return *this; }
@@ -100,6 +115,10 @@ struct Checkpoint {
     return *this;
   }
   const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
+  /// Set by optimizer(ZeroRedundancyOptimizer*) (Note [Sharded optimizers in checkpoints]).
+  const std::shared_ptr<detail::ShardedOptimizerState>& sharded_optimizer() const {
+    return sharded_optimizer_;
+  }
 
   /// The epoch in progress.
   TORCH_ARG(int64_t, epoch) = 0;
@@ -118,6 +137,7 @@ struct Checkpoint {
   DistributedSampler* sampler_ = nullptr;
   amp::GradScaler* grad_scaler_ = nullptr;
   std::shared_ptr<ProcessGroup> process_group_;
+  std::shared_ptr<detail::ShardedOptimizerState> sharded_optimizer_;
 };
 
 /// Saves `checkpoint` to `path`. Collective: every rank of the group calls it. Rank 0

@@ -1,0 +1,115 @@
+// The flat collectives (reduce_scatter_tensor, all_gather_into_tensor) on any Comm, in
+// terms of all_reduce and all_gather. See Note [Flat collective fallbacks].
+
+#include "core/check.h"
+#include "core/comm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/jit_type.h>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+// A collective whose result still has to be copied from `from` into `to` once the
+// backend is done: wait() and the future both copy (copying twice is harmless).
+class CopyAfterWork final : public PendingWork {
+ public:
+  CopyAfterWork(std::shared_ptr<PendingWork> inner, at::Tensor from, at::Tensor to)
+      : inner_(std::move(inner)), from_(std::move(from)), to_(std::move(to)) {}
+
+  void wait() override {
+    inner_->wait();
+    to_.copy_(from_);
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    at::Tensor from = from_;
+    at::Tensor to = to_;
+    return inner_->future()->then(
+        [from, to](c10::ivalue::Future&) -> c10::IValue {
+          to.copy_(from);
+          return c10::IValue(std::vector<at::Tensor>{to});
+        },
+        c10::ListType::create(c10::TensorType::get()));
+  }
+
+ private:
+  std::shared_ptr<PendingWork> inner_;
+  at::Tensor from_;
+  at::Tensor to_;
+};
+
+// An empty collective: nothing to send. Gloo in 1.13 divides by the element count in
+// its all-gather (SIGFPE), so empty tensors never reach the backend.
+class NothingWork final : public PendingWork {
+ public:
+  explicit NothingWork(at::Tensor output) : output_(std::move(output)) {}
+  void wait() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(std::vector<at::Tensor>{output_}));
+    return future;
+  }
+
+ private:
+  at::Tensor output_;
+};
+
+} // namespace
+
+void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const {
+  const int world = config_->world_size;
+  DDP_CHECK(whole.defined() && part.defined(), what, " on rank ", config_->rank,
+            " got an undefined tensor");
+  DDP_CHECK(whole.scalar_type() == part.scalar_type(), what, " on rank ", config_->rank,
+            ": the flat tensor is ", whole.scalar_type(), " but the chunk is ",
+            part.scalar_type(), "; both must have one dtype.");
+  DDP_CHECK(whole.numel() == part.numel() * world, what, " on rank ", config_->rank,
+            ": the flat tensor has ", whole.numel(), " elements, but world_size (", world,
+            ") times the chunk's ", part.numel(), " is ", part.numel() * world,
+            ". Size it as world_size chunks of the chunk's numel.");
+  DDP_CHECK(whole.is_contiguous() && part.is_contiguous(), what, " on rank ", config_->rank,
+            ": both tensors must be contiguous; call .contiguous() first.");
+  check_devices(what, {whole, part});
+}
+
+std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& output,
+                                                                at::Tensor& input,
+                                                                ReduceOp op) {
+  if (output.numel() == 0) return std::make_shared<NothingWork>(output);
+  // A copy, so that the caller's input keeps its values, as with a native reduce-scatter.
+  std::vector<at::Tensor> tensors{input.clone()};
+  auto work = all_reduce(tensors, op);
+  const int64_t n = output.numel();
+  at::Tensor chunk = tensors[0].reshape({-1}).narrow(0, config_->rank * n, n).view(output.sizes());
+  return std::make_shared<CopyAfterWork>(std::move(work), std::move(chunk), output);
+}
+
+std::shared_ptr<PendingWork> Comm::all_gather_by_views(at::Tensor& output, at::Tensor& input) {
+  const int64_t n = input.numel();
+  if (n == 0) return std::make_shared<NothingWork>(output);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  const at::Tensor flat = output.view({-1});
+  for (int r = 0; r < config_->world_size; ++r) {
+    outputs[0].push_back(flat.narrow(0, r * n, n).view(input.sizes()));
+  }
+  std::vector<at::Tensor> inputs{input};
+  return all_gather(outputs, inputs);
+}
+
+std::shared_ptr<PendingWork> Comm::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                         ReduceOp op) {
+  check_flat("reduce_scatter_tensor", input, output);
+  return reduce_scatter_by_all_reduce(output, input, op);
+}
+
+std::shared_ptr<PendingWork> Comm::all_gather_into_tensor(at::Tensor& output,
+                                                          at::Tensor& input) {
+  check_flat("all_gather_into_tensor", output, input);
+  return all_gather_by_views(output, input);
+}
+
+} // namespace detail
+} // namespace ddp

@@ -40,7 +40,7 @@ std::string human(int64_t bytes) {
   return buf;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   int64_t min_bytes = 4 << 10, max_bytes = 64 << 20;
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
       pg->barrier();
       const auto start = std::chrono::steady_clock::now();
       pg->all_reduce(t);
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                          .count());
+      times.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     // Every rank's median; report the slowest rank's, since a collective ends when the
     // last rank is done.
@@ -89,8 +89,7 @@ int main(int argc, char** argv) {
     const double algbw = static_cast<double>(bytes) / sec / 1e9;
     const double busbw = algbw * 2.0 * (n - 1) / n;
     if (leader) {
-      std::printf("| %s | %.1f | %.3f | %.3f |\n", human(bytes).c_str(), sec * 1e6, algbw,
-                  busbw);
+      std::printf("| %s | %.1f | %.3f | %.3f |\n", human(bytes).c_str(), sec * 1e6, algbw, busbw);
       std::fflush(stdout);
     }
   }

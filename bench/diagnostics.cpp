@@ -37,10 +37,8 @@ std::shared_ptr<ddp::ProcessGroup> group(const std::string& name, const char* re
     std::exit(2);
   }
   ::setenv("DDP_FLIGHT_RECORDER_SIZE", recorder_size, 1);
-  auto pg = ddp::ProcessGroup::create(ddp::InitOptions()
-                                          .backend("gloo")
-                                          .debug(debug)
-                                          .init_method("file://" + std::string(dir) + "/" + name));
+  auto pg = ddp::ProcessGroup::create(ddp::InitOptions().backend("gloo").debug(debug).init_method(
+      "file://" + std::string(dir) + "/" + name));
   ::unsetenv("DDP_FLIGHT_RECORDER_SIZE");
   return pg;
 }
@@ -67,7 +65,7 @@ PerCall per_call(ddp::ProcessGroup& pg, int iters) {
   return {took.count() / iters, (cpu_us() - cpu0) / iters};
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
@@ -100,7 +98,8 @@ int main(int argc, char** argv) {
     std::printf("| group | wall us/call | vs bare | CPU us/call | vs bare |\n"
                 "|---|---:|---:|---:|---:|\n");
     std::printf("| bare (no recorder, no debug) | %.1f | 1.00 | %.1f | 1.00 |\n", b, cb);
-    std::printf("| flight recorder (default) | %.1f | %.2f | %.1f | %.2f |\n", r, r / b, cr, cr / cb);
+    std::printf("| flight recorder (default) | %.1f | %.2f | %.1f | %.2f |\n", r, r / b, cr,
+                cr / cb);
     std::printf("| DDP_DEBUG=detail | %.1f | %.1f | %.1f | %.1f |\n", d, d / b, cd, cd / cb);
   }
   recorder->barrier();

@@ -75,9 +75,9 @@ struct Setup {
     }
     auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(
         model->parameters(), options,
-        ddp::ZeroRedundancyOptimizerOptions().parameter_sync(
-            mode == "zero broadcast" ? ddp::ParameterSync::kBroadcast
-                                     : ddp::ParameterSync::kAllGather));
+        ddp::ZeroRedundancyOptimizerOptions().parameter_sync(mode == "zero broadcast"
+                                                                 ? ddp::ParameterSync::kBroadcast
+                                                                 : ddp::ParameterSync::kAllGather));
     zero = z.get();
     opt = std::move(z);
   }
@@ -105,7 +105,7 @@ double time_collective(int repeats, const std::function<void()>& f) {
   return median(times);
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   const int64_t width = argc > 1 ? std::atoll(argv[1]) : 1024;
@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
   if (leader) {
     std::printf("# ZeRO-1 vs DDP + Adam: %lld parameters (%.1f MB float32), %d ranks (%s), "
                 "median of %d repeats of %d iterations\n",
-                static_cast<long long>(numel), numel * 4 / 1e6, pg->size(),
-                pg->backend().c_str(), repeats, iters);
+                static_cast<long long>(numel), numel * 4 / 1e6, pg->size(), pg->backend().c_str(),
+                repeats, iters);
     std::printf("| mode | ms / iteration | vs plain | optimizer state, largest rank (MB) | "
                 "vs plain |\n");
     std::printf("|---|---:|---:|---:|---:|\n");
@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
       const auto start = Clock::now();
       for (int i = 0; i < iters; ++i) setup->iteration(x, y);
       ddp::barrier();
-      setup->ms.push_back(
-          std::chrono::duration<double, std::milli>(Clock::now() - start).count() / iters);
+      setup->ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /
+                          iters);
     }
   }
   // The largest rank's state: what bounds memory.

@@ -61,16 +61,16 @@ struct NetImpl : torch::nn::Module {
     }
   }
 
-  torch::Tensor forward(torch::Tensor x) {                  // [B, 1, 28, 28]
-    x = conv1(x);                                           // [B, 32, 26, 26]
+  torch::Tensor forward(torch::Tensor x) {  // [B, 1, 28, 28]
+    x = conv1(x);                           // [B, 32, 26, 26]
     if (bn1) x = bn1(x);
-    x = torch::max_pool2d(torch::relu(x), 2);               // [B, 32, 13, 13]
-    x = conv2(x);                                           // [B, 64, 11, 11]
+    x = torch::max_pool2d(torch::relu(x), 2);  // [B, 32, 13, 13]
+    x = conv2(x);                              // [B, 64, 11, 11]
     if (bn2) x = bn2(x);
-    x = torch::max_pool2d(torch::relu(x), 2);               // [B, 64, 5, 5]
-    x = torch::relu(fc1(x.flatten(1)));                     // [B, 128]
+    x = torch::max_pool2d(torch::relu(x), 2);  // [B, 64, 5, 5]
+    x = torch::relu(fc1(x.flatten(1)));        // [B, 128]
     x = torch::dropout(x, /*p=*/0.25, /*train=*/is_training());
-    return fc2(x);                                          // [B, 10] logits
+    return fc2(x);  // [B, 10] logits
   }
 
   torch::nn::Conv2d conv1, conv2;
@@ -95,36 +95,51 @@ int main(int argc, char** argv) {
   std::string progress_flag = "auto";
   bool resume = false, trace = false, amp = false, sync_bn = false;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch_size, "Samples per batch on each rank")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "Adam learning rate")->capture_default_str()
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "Adam learning rate")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Seed of the model's initial weights and of the shuffle")
       ->capture_default_str();
-  app.add_option("--threads", threads, "Torch threads per rank; 0: torch's default, which "
+  app.add_option("--threads", threads,
+                 "Torch threads per rank; 0: torch's default, which "
                  "follows OMP_NUM_THREADS (ddprun sets it to cores / processes)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--backend", backend, "gloo or nccl; empty: nccl with GPUs, else gloo")
       ->check(CLI::IsMember({"", "gloo", "nccl"}));
   app.add_option("--data-dir", data_dir, "Folder with the four *-ubyte.gz files")
       ->capture_default_str();
-  app.add_option("--train-samples", train_samples, "Use only the first N training images; "
-                 "0: all 60000")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--test-samples", test_samples, "Use only the first N test images; "
-                 "0: all 10000")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--run-dir", run_dir, "Parent folder of the run's folder")
-      ->capture_default_str();
+  app.add_option("--train-samples", train_samples,
+                 "Use only the first N training images; "
+                 "0: all 60000")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-samples", test_samples,
+                 "Use only the first N test images; "
+                 "0: all 10000")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--run-dir", run_dir, "Parent folder of the run's folder")->capture_default_str();
   app.add_option("--name", name, "The run's folder: <run-dir>/<name>")->capture_default_str();
-  app.add_option("--progress", progress_flag, "auto (bar on a terminal, else plain), bar, "
+  app.add_option("--progress", progress_flag,
+                 "auto (bar on a terminal, else plain), bar, "
                  "plain (a line every 10%) or none")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "bar", "plain", "none"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bar", "plain", "none"}));
   app.add_flag("--resume", resume, "Continue from the latest checkpoint in <run-dir>/<name>");
-  app.add_flag("--amp", amp, "Mixed precision: the forward pass in bfloat16 on a CPU, in "
+  app.add_flag("--amp", amp,
+               "Mixed precision: the forward pass in bfloat16 on a CPU, in "
                "float16 with a gradient scaler on a GPU (weights and gradients stay float32)");
-  app.add_flag("--sync-bn", sync_bn, "Add a SyncBatchNorm after each convolution: batch "
+  app.add_flag("--sync-bn", sync_bn,
+               "Add a SyncBatchNorm after each convolution: batch "
                "statistics over all ranks' samples");
-  app.add_flag("--trace", trace, "Write a Chrome trace per rank to "
+  app.add_flag("--trace", trace,
+               "Write a Chrome trace per rank to "
                "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) torch::set_num_threads(threads);
@@ -178,9 +193,8 @@ int main(int argc, char** argv) {
     // (CPU) has float32's range and needs none, so there the scaler is disabled and its
     // calls below pass straight through. Every rank skips the same steps: after DDP's
     // all-reduce all ranks check the same gradients.
-    const ddp::amp::AutocastOptions autocast =
-        ddp::amp::AutocastOptions().enabled(amp).dtype(device.is_cuda() ? torch::kHalf
-                                                                        : torch::kBFloat16);
+    const ddp::amp::AutocastOptions autocast = ddp::amp::AutocastOptions().enabled(amp).dtype(
+        device.is_cuda() ? torch::kHalf : torch::kBFloat16);
     ddp::amp::GradScaler scaler(ddp::amp::GradScalerOptions().enabled(amp && device.is_cuda()));
 
     // Step 7: the DistributedSampler hands each rank a disjoint slice of the training
@@ -197,7 +211,7 @@ int main(int argc, char** argv) {
                   static_cast<long long>(test.size()), data_dir.c_str(),
                   static_cast<long long>(epochs), static_cast<long long>(batch_size),
                   static_cast<long long>(batch_size * world_size), lr,
-                  !amp ? ""
+                  !amp               ? ""
                   : device.is_cuda() ? ", mixed precision (float16, gradient scaler)"
                                      : ", mixed precision (bfloat16)");
       std::fflush(stdout);
@@ -245,8 +259,8 @@ int main(int argc, char** argv) {
       // Step 8: set_epoch reshuffles: without it every epoch would repeat epoch 0's order.
       sampler.set_epoch(epoch);
       const int64_t epoch_samples = static_cast<int64_t>(sampler.total_size());
-      EpochProgress progress(rank == 0 ? progress_mode : ProgressMode::kNone, epoch + 1,
-                             epochs, epoch_samples);
+      EpochProgress progress(rank == 0 ? progress_mode : ProgressMode::kNone, epoch + 1, epochs,
+                             epoch_samples);
 
       // ---- Train ----
       dmodel->train();
@@ -280,8 +294,8 @@ int main(int argc, char** argv) {
         progress.update(samples * world_size, loss_sum / batches);
       }
       progress.finish();
-      const double train_seconds = std::chrono::duration<double>(
-                                       std::chrono::steady_clock::now() - epoch_start).count();
+      const double train_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
 
       // ---- Evaluate on the whole test set: each rank its shard, then sum the counts ----
       dmodel->eval();
@@ -300,19 +314,20 @@ int main(int argc, char** argv) {
       }
       // [loss sum, batches, samples, correct, test images seen] summed over ranks.
       auto totals = torch::tensor({loss_sum, double(batches), double(samples), double(correct),
-                                   double(test_end - test_begin)}, torch::kDouble);
+                                   double(test_end - test_begin)},
+                                  torch::kDouble);
       ddp::all_reduce(totals, ddp::ReduceOp::SUM);
       const auto t = totals.accessor<double, 1>();
-      TORCH_INTERNAL_ASSERT(int64_t(t[4]) == test.size(), "evaluated ", t[4], " of ",
-                            test.size(), " test images");
+      TORCH_INTERNAL_ASSERT(int64_t(t[4]) == test.size(), "evaluated ", t[4], " of ", test.size(),
+                            " test images");
 
       EpochMetrics m;
       m.epoch = epoch + 1;
       m.train_loss = t[0] / t[1];
       m.test_accuracy = t[3] / double(test.size());
       m.samples_per_s = t[2] / train_seconds;
-      m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                epoch_start).count();
+      m.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
       m.world_size = world_size;
       history.push_back(m);
 
@@ -324,9 +339,8 @@ int main(int argc, char** argv) {
         std::printf("epoch %*lld/%lld  train loss %.4f  test accuracy %6.2f%%  "
                     "%6.0f samples/s  %s\n",
                     epoch_width(epochs), static_cast<long long>(m.epoch),
-                    static_cast<long long>(epochs),
-                    m.train_loss, 100 * m.test_accuracy, m.samples_per_s,
-                    format_duration(m.seconds).c_str());
+                    static_cast<long long>(epochs), m.train_loss, 100 * m.test_accuracy,
+                    m.samples_per_s, format_duration(m.seconds).c_str());
         std::fflush(stdout);
       }
     }
@@ -341,8 +355,8 @@ int main(int argc, char** argv) {
       write_curves_svg(plot_path.string(), history,
                        "Fashion-MNIST, " + std::to_string(world_size) +
                            (world_size == 1 ? " rank" : " ranks"));
-      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                         run_start).count();
+      const double total =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       const auto latest = ddp::latest_checkpoint(checkpoints);
       std::printf("done: test accuracy %.2f%% after %lld epoch%s (%s)\n"
                   "  metrics     %s\n"
@@ -351,9 +365,8 @@ int main(int argc, char** argv) {
                   "  checkpoint  %s  (--resume continues from it)\n",
                   history.empty() ? 0.0 : 100 * history.back().test_accuracy,
                   static_cast<long long>(epochs), epochs == 1 ? "" : "s",
-                  format_duration(total).c_str(),
-                  metrics_path.c_str(), plot_path.c_str(), model_path.c_str(),
-                  latest ? latest->c_str() : "(none)");
+                  format_duration(total).c_str(), metrics_path.c_str(), plot_path.c_str(),
+                  model_path.c_str(), latest ? latest->c_str() : "(none)");
       std::fflush(stdout);
     }
 

@@ -13,8 +13,8 @@ int main() try {
   const torch::Device device = ddp::get_device();  // cuda:<local rank>, or the CPU
 
   // Every rank builds the model; DDP makes rank 0's weights everyone's.
-  auto model = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
-                                     torch::nn::Linear(32, 1));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Linear(32, 1));
   model->to(device);
   auto dmodel = ddp::DistributedDataParallel(model);
   torch::optim::SGD optimizer(dmodel->parameters(), /*lr=*/0.05);

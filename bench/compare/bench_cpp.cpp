@@ -64,19 +64,32 @@ Args parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage("missing value after " + flag);
     const std::string v = argv[++i];
-    if (flag == "--model") a.model = v;
-    else if (flag == "--ddp") a.ddp = std::stoi(v) != 0;
-    else if (flag == "--warmup") a.warmup = std::stoi(v);
-    else if (flag == "--iters") a.iters = std::stoi(v);
-    else if (flag == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
-    else if (flag == "--lr") a.lr = std::stod(v);
-    else if (flag == "--set-to-none") a.set_to_none = std::stoi(v) != 0;
-    else if (flag == "--check-steps") a.check_steps = std::stoi(v);
-    else if (flag == "--with-plain") a.with_plain = std::stoi(v) != 0;
-    else if (flag == "--block") a.block = std::stoi(v);
-    else if (flag == "--trace") a.trace = v;
-    else if (flag == "--out") a.out = v;
-    else usage("unknown flag " + flag);
+    if (flag == "--model")
+      a.model = v;
+    else if (flag == "--ddp")
+      a.ddp = std::stoi(v) != 0;
+    else if (flag == "--warmup")
+      a.warmup = std::stoi(v);
+    else if (flag == "--iters")
+      a.iters = std::stoi(v);
+    else if (flag == "--bucket-cap-mb")
+      a.bucket_cap_mb = std::stod(v);
+    else if (flag == "--lr")
+      a.lr = std::stod(v);
+    else if (flag == "--set-to-none")
+      a.set_to_none = std::stoi(v) != 0;
+    else if (flag == "--check-steps")
+      a.check_steps = std::stoi(v);
+    else if (flag == "--with-plain")
+      a.with_plain = std::stoi(v) != 0;
+    else if (flag == "--block")
+      a.block = std::stoi(v);
+    else if (flag == "--trace")
+      a.trace = v;
+    else if (flag == "--out")
+      a.out = v;
+    else
+      usage("unknown flag " + flag);
   }
   if (a.model.empty() || a.out.empty()) usage("--model and --out are required");
   if (a.iters < 1) usage("--iters must be >= 1");
@@ -109,9 +122,8 @@ std::string stats_json(const ddp::IterationStats& s) {
   o.precision(9);
   o << "{\"iteration\":" << s.iteration << ",\"num_buckets\":" << s.num_buckets
     << ",\"launched_before_end\":" << s.buckets_launched_before_end
-    << ",\"done_before_end\":" << s.buckets_done_before_end
-    << ",\"backward_ms\":" << s.backward_ms << ",\"wait_ms\":" << s.wait_ms
-    << ",\"allreduce_total_ms\":" << s.allreduce_total_ms
+    << ",\"done_before_end\":" << s.buckets_done_before_end << ",\"backward_ms\":" << s.backward_ms
+    << ",\"wait_ms\":" << s.wait_ms << ",\"allreduce_total_ms\":" << s.allreduce_total_ms
     << ",\"bucket_bytes\":" << json_list(s.bucket_bytes)
     << ",\"bucket_ms\":" << json_list(s.bucket_allreduce_ms) << "}";
   return o.str();
@@ -254,8 +266,7 @@ int run(const Args& args) {
       const int i = args.warmup + static_cast<int>(t.size());
       const auto start = std::chrono::steady_clock::now();
       step(is_plain ? *plain_loop : main_loop, i);
-      t.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       if (args.ddp && !is_plain) stats.push_back(dmodel->last_iteration_stats());
     }
     (is_plain ? plain_cpu_s : cpu_s) += process_cpu_seconds() - cpu_start;
@@ -293,7 +304,7 @@ int run(const Args& args) {
   return 0;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);

@@ -43,26 +43,21 @@ void init_deterministic(nn::Module& model) {
   }
 }
 
-} // namespace
+}  // namespace
 
 nn::Sequential build(const std::string& name) {
   nn::Sequential model;
   if (name == "small") {
-    model = nn::Sequential(nn::Linear(512, 1024), nn::ReLU(),
-                           nn::Linear(1024, 512), nn::ReLU(),
+    model = nn::Sequential(nn::Linear(512, 1024), nn::ReLU(), nn::Linear(1024, 512), nn::ReLU(),
                            nn::Linear(512, kNumClasses));
   } else if (name == "cnn") {
-    model = nn::Sequential(conv3x3(3, 32), nn::ReLU(),
-                           conv3x3(32, 64), nn::ReLU(), nn::MaxPool2d(2),
-                           conv3x3(64, 128), nn::ReLU(), nn::MaxPool2d(2),
-                           nn::Flatten(),
-                           nn::Linear(128 * 8 * 8, 256), nn::ReLU(),
-                           nn::Linear(256, kNumClasses));
+    model =
+        nn::Sequential(conv3x3(3, 32), nn::ReLU(), conv3x3(32, 64), nn::ReLU(), nn::MaxPool2d(2),
+                       conv3x3(64, 128), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
+                       nn::Linear(128 * 8 * 8, 256), nn::ReLU(), nn::Linear(256, kNumClasses));
   } else if (name == "wide") {
-    model = nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(),
-                           nn::Linear(4096, 4096), nn::ReLU(),
-                           nn::Linear(4096, 1024), nn::ReLU(),
-                           nn::Linear(1024, kNumClasses));
+    model = nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(), nn::Linear(4096, 4096), nn::ReLU(),
+                           nn::Linear(4096, 1024), nn::ReLU(), nn::Linear(1024, kNumClasses));
   } else if (name == "tiny") {
     model = nn::Sequential(nn::Linear(16, kNumClasses));
   } else {
@@ -88,4 +83,4 @@ std::vector<std::pair<at::Tensor, at::Tensor>> batches(const std::string& name, 
   return out;
 }
 
-} // namespace bench
+}  // namespace bench

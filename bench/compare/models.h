@@ -17,8 +17,8 @@ constexpr int64_t kNumClasses = 10;
 constexpr int kNumBatches = 4;  // distinct batches per rank, generated before timing
 
 struct ModelSpec {
-  int64_t batch;                // per rank
-  std::vector<int64_t> input;   // one sample's shape
+  int64_t batch;               // per rank
+  std::vector<int64_t> input;  // one sample's shape
 };
 
 /// small, cnn, wide or tiny; throws on any other name.
@@ -30,4 +30,4 @@ torch::nn::Sequential build(const std::string& name);
 /// kNumBatches (input, label) pairs for `rank`.
 std::vector<std::pair<at::Tensor, at::Tensor>> batches(const std::string& name, int rank);
 
-} // namespace bench
+}  // namespace bench

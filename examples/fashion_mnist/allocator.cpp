@@ -18,4 +18,4 @@ void keep_freed_memory() {
 #endif
 }
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

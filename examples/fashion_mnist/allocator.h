@@ -14,4 +14,4 @@ namespace fashion_mnist {
 /// 32 MiB and 64 MiB). Call it first thing in main. Without glibc it does nothing.
 void keep_freed_memory();
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

@@ -58,14 +58,14 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
       int code = 0;
       const char* msg = gzerror(f, &code);
       std::ostringstream s;
-      s << "corrupt gzip data while reading the " << what << " (" << (msg ? msg : "?")
-        << ") after " << offset + done << " bytes";
+      s << "corrupt gzip data while reading the " << what << " (" << (msg ? msg : "?") << ") after "
+        << offset + done << " bytes";
       fail(path, s.str());
     }
     if (n == 0) {
       std::ostringstream s;
-      s << "truncated: it should hold bytes " << offset << ".." << offset + len << " (the "
-        << what << "), but its data end after " << offset + done << " bytes";
+      s << "truncated: it should hold bytes " << offset << ".." << offset + len << " (the " << what
+        << "), but its data end after " << offset + done << " bytes";
       fail(path, s.str());
     }
     done += static_cast<size_t>(n);
@@ -81,9 +81,9 @@ uint32_t read_be32(gzFile f, const std::string& path, size_t offset, const char*
 void expect_magic(uint32_t magic, uint32_t expected, const std::string& path) {
   if (magic == expected) return;
   std::ostringstream s;
-  s << "not an IDX " << (expected == kImagesMagic ? "image" : "label")
-    << " file: magic number 0x" << std::hex << std::setw(8) << std::setfill('0') << magic
-    << ", expected 0x" << std::setw(8) << expected;
+  s << "not an IDX " << (expected == kImagesMagic ? "image" : "label") << " file: magic number 0x"
+    << std::hex << std::setw(8) << std::setfill('0') << magic << ", expected 0x" << std::setw(8)
+    << expected;
   fail(path, s.str());
 }
 
@@ -102,7 +102,7 @@ void expect_end(gzFile f, const std::string& path, size_t size) {
   }
 }
 
-} // namespace
+}  // namespace
 
 at::Tensor read_idx_images(const std::string& path) {
   GzFile f = open_gz(path);
@@ -117,8 +117,7 @@ at::Tensor read_idx_images(const std::string& path) {
     fail(path, s.str());
   }
   at::Tensor images = at::empty({int64_t(n), int64_t(rows), int64_t(cols)}, at::kByte);
-  read_exact(f.get(), path, images.data_ptr<uint8_t>(), size_t(n) * rows * cols, 16,
-             "pixels");
+  read_exact(f.get(), path, images.data_ptr<uint8_t>(), size_t(n) * rows * cols, 16, "pixels");
   expect_end(f.get(), path, 16 + size_t(n) * rows * cols);
   return images;
 }
@@ -163,4 +162,4 @@ at::Tensor normalize(const at::Tensor& images) {
   return images.to(at::kFloat).div_(255.0).sub_(kMean).div_(kStd).unsqueeze(1);
 }
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

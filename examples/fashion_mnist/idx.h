@@ -41,4 +41,4 @@ Split load_split(const std::string& dir, bool train, int64_t max_samples = 0);
 /// uint8 images [B, 28, 28] -> normalised float [B, 1, 28, 28]: (x / 255 - mean) / std.
 at::Tensor normalize(const at::Tensor& images);
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

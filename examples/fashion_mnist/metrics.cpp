@@ -37,8 +37,8 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
       m.world_size = j.at("world_size").get<int64_t>();
       out.push_back(m);
     } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(path + ":" + std::to_string(number) +
-                               ": not a metrics record (" + e.what() + ")");
+      throw std::runtime_error(path + ":" + std::to_string(number) + ": not a metrics record (" +
+                               e.what() + ")");
     }
   }
   return out;
@@ -56,4 +56,4 @@ void write_metrics(const std::string& path, const std::vector<EpochMetrics>& met
     throw std::runtime_error("cannot rename " + tmp + " to " + path);
 }
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

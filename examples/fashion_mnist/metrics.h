@@ -13,11 +13,11 @@
 namespace fashion_mnist {
 
 struct EpochMetrics {
-  int64_t epoch = 0;             // 1-based
-  double train_loss = 0;         // mean over all ranks' batches of the epoch
-  double test_accuracy = 0;      // fraction of the whole test set, 0..1
-  double samples_per_s = 0;      // training samples of all ranks per second
-  double seconds = 0;            // wall time of the epoch (training and evaluation)
+  int64_t epoch = 0;         // 1-based
+  double train_loss = 0;     // mean over all ranks' batches of the epoch
+  double test_accuracy = 0;  // fraction of the whole test set, 0..1
+  double samples_per_s = 0;  // training samples of all ranks per second
+  double seconds = 0;        // wall time of the epoch (training and evaluation)
   int64_t world_size = 1;
 };
 
@@ -30,4 +30,4 @@ std::vector<EpochMetrics> read_metrics(const std::string& path);
 /// Writes all records, one per line, replacing `path` atomically.
 void write_metrics(const std::string& path, const std::vector<EpochMetrics>& metrics);
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

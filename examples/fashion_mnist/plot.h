@@ -17,4 +17,4 @@ std::string curves_svg(std::vector<EpochMetrics> metrics, const std::string& tit
 void write_curves_svg(const std::string& path, const std::vector<EpochMetrics>& metrics,
                       const std::string& title);
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

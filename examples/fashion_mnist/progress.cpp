@@ -17,9 +17,7 @@ ProgressMode parse_progress_mode(const std::string& name) {
                               "'");
 }
 
-int epoch_width(int64_t epochs) {
-  return static_cast<int>(std::to_string(epochs).size());
-}
+int epoch_width(int64_t epochs) { return static_cast<int>(std::to_string(epochs).size()); }
 
 std::string format_duration(double seconds) {
   char buf[32];
@@ -84,15 +82,15 @@ void EpochProgress::draw(int64_t samples, double running_loss) {
     const int filled = static_cast<int>(samples * kWidth / total_);
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
-    std::printf("\r%s [%s] %3d%%  %.0f samples/s  loss %.4f  ETA %s\033[K", head,
-                bar.c_str(), percent, rate, running_loss, format_duration(eta).c_str());
+    std::printf("\r%s [%s] %3d%%  %.0f samples/s  loss %.4f  ETA %s\033[K", head, bar.c_str(),
+                percent, rate, running_loss, format_duration(eta).c_str());
   } else {
-    std::printf("%s  %3d%%  %lld/%lld samples  %.0f samples/s  loss %.4f  ETA %s\n", head,
-                percent, static_cast<long long>(samples), static_cast<long long>(total_), rate,
-                running_loss, format_duration(eta).c_str());
+    std::printf("%s  %3d%%  %lld/%lld samples  %.0f samples/s  loss %.4f  ETA %s\n", head, percent,
+                static_cast<long long>(samples), static_cast<long long>(total_), rate, running_loss,
+                format_duration(eta).c_str());
   }
   std::fflush(stdout);
   drawn_ = true;
 }
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

@@ -48,4 +48,4 @@ int epoch_width(int64_t epochs);
 /// "1m05s", "42s", "3.4s".
 std::string format_duration(double seconds);
 
-} // namespace fashion_mnist
+}  // namespace fashion_mnist

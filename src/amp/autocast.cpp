@@ -22,7 +22,7 @@ at::ScalarType default_dtype(c10::DeviceType device_type) {
   return device_type == c10::DeviceType::CPU ? at::kBFloat16 : at::kHalf;
 }
 
-} // namespace
+}  // namespace
 
 AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions& options)
     : device_type_(device_type) {
@@ -30,7 +30,8 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions&
   const at::ScalarType dtype = options.dtype().value_or(default_dtype(device_type));
   DDP_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
             "AutocastGuard: dtype must be BFloat16 or Half (the lower precision that "
-            "eligible operations run in), but got ", dtype, ".");
+            "eligible operations run in), but got ",
+            dtype, ".");
   // As torch.autocast.__enter__: remember, set the dtype, enable, count the nesting.
   previous_enabled_ = detail::autocast_enabled(device_type);
   previous_dtype_ = detail::autocast_dtype(device_type);
@@ -60,5 +61,5 @@ at::ScalarType get_autocast_dtype(c10::DeviceType device_type) {
   return detail::autocast_dtype(device_type);
 }
 
-} // namespace amp
-} // namespace ddp
+}  // namespace amp
+}  // namespace ddp

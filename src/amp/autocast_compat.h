@@ -25,7 +25,7 @@ namespace ddp_autocast_probe {
 struct Missing {};
 template <typename Device, typename Bool>
 Missing set_autocast_enabled(Device, Bool);
-} // namespace ddp_autocast_probe
+}  // namespace ddp_autocast_probe
 
 // The shims live at global scope too: an unqualified name used inside namespace ddp
 // would find ddp::amp's own is_autocast_enabled and get_autocast_dtype (which call these)
@@ -35,10 +35,10 @@ namespace ddp_autocast_compat {
 namespace probe_scope {
 using namespace ::at::autocast;
 using namespace ::ddp_autocast_probe;
-constexpr bool kDeviceGeneric = !std::is_same<
-    decltype(set_autocast_enabled(c10::DeviceType::CPU, true)),
-    ::ddp_autocast_probe::Missing>::value;
-} // namespace probe_scope
+constexpr bool kDeviceGeneric =
+    !std::is_same<decltype(set_autocast_enabled(c10::DeviceType::CPU, true)),
+                  ::ddp_autocast_probe::Missing>::value;
+}  // namespace probe_scope
 
 /// Whether this LibTorch has the device-generic autocast functions (2.x).
 constexpr bool kDeviceGenericAutocast = probe_scope::kDeviceGeneric;
@@ -93,7 +93,7 @@ void set_autocast_dtype_for(c10::DeviceType device, at::ScalarType dtype, None..
   }
 }
 
-} // namespace ddp_autocast_compat
+}  // namespace ddp_autocast_compat
 
 namespace ddp {
 namespace amp {
@@ -103,6 +103,6 @@ using ::ddp_autocast_compat::autocast_enabled;
 using ::ddp_autocast_compat::kDeviceGenericAutocast;
 using ::ddp_autocast_compat::set_autocast_dtype_for;
 using ::ddp_autocast_compat::set_autocast_enabled_for;
-} // namespace detail
-} // namespace amp
-} // namespace ddp
+}  // namespace detail
+}  // namespace amp
+}  // namespace ddp

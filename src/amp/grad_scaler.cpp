@@ -56,7 +56,7 @@ struct GradGroup {
   std::vector<at::Tensor> grads;
 };
 
-} // namespace
+}  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
   check_options(options_, "GradScaler");
@@ -82,8 +82,8 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
 
 void GradScaler::check_initialised(const char* what) const {
   DDP_CHECK(scale_.defined(), "GradScaler::", what,
-              ": the scale is not initialised yet. Expected scaler.scale(loss) earlier in the "
-              "iteration (its first call places the scale on the loss's device).");
+            ": the scale is not initialised yet. Expected scaler.scale(loss) earlier in the "
+            "iteration (its first call places the scale on the loss's device).");
 }
 
 GradScaler::OptimizerState& GradScaler::state_of(const torch::optim::Optimizer& optimizer) {
@@ -108,8 +108,8 @@ void GradScaler::unscale_grads(torch::optim::Optimizer& optimizer, OptimizerStat
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) continue;
-      DDP_CHECK(grad.scalar_type() != at::kHalf,
-                "Attempting to unscale FP16 gradients: parameter ", i, " of param group ", g,
+      DDP_CHECK(grad.scalar_type() != at::kHalf, "Attempting to unscale FP16 gradients: parameter ",
+                i, " of param group ", g,
                 " has a float16 gradient. Keep the parameters in float32 and let autocast "
                 "(ddp::amp::AutocastGuard) run the forward pass in float16.");
       const at::Tensor to_unscale = grad.is_sparse() ? grad._values() : grad;
@@ -204,8 +204,8 @@ void GradScaler::update() {
     }
   }
   DDP_CHECK(combined.defined(),
-              "No inf checks were recorded prior to update(). Expected scaler.step(optimizer) "
-              "(or scaler.unscale_(optimizer)) for at least one optimizer this iteration.");
+            "No inf checks were recorded prior to update(). Expected scaler.step(optimizer) "
+            "(or scaler.unscale_(optimizer)) for at least one optimizer this iteration.");
   detail::update_scale(scale_, growth_tracker_, combined, options_.growth_factor(),
                        options_.backoff_factor(), options_.growth_interval());
   per_optimizer_.clear();
@@ -224,12 +224,12 @@ void GradScaler::update(const at::Tensor& new_scale) {
   if (!options_.enabled()) return;
   check_initialised("update");
   DDP_CHECK(new_scale.defined() && new_scale.numel() == 1 && !new_scale.requires_grad(),
-              "GradScaler::update: new_scale should be a one-element tensor with "
-              "requires_grad=false, but got ",
-              new_scale.defined() ? new_scale.toString() + " of " +
-                                        std::to_string(new_scale.numel()) + " elements" +
-                                        (new_scale.requires_grad() ? " requiring grad" : "")
-                                  : std::string("an undefined tensor"));
+            "GradScaler::update: new_scale should be a one-element tensor with "
+            "requires_grad=false, but got ",
+            new_scale.defined()
+                ? new_scale.toString() + " of " + std::to_string(new_scale.numel()) + " elements" +
+                      (new_scale.requires_grad() ? " requiring grad" : "")
+                : std::string("an undefined tensor"));
   scale_.copy_(new_scale.reshape({}));
   per_optimizer_.clear();
 }
@@ -269,8 +269,8 @@ c10::impl::GenericDict GradScaler::state_dict() const {
   s.growth_factor = options_.growth_factor();
   s.backoff_factor = options_.backoff_factor();
   s.growth_interval = options_.growth_interval();
-  s.growth_tracker = growth_tracker_.defined() ? growth_tracker_.item<int32_t>()
-                                               : init_growth_tracker_;
+  s.growth_tracker =
+      growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : init_growth_tracker_;
   return detail::scaler_state_dict(s);
 }
 
@@ -289,5 +289,5 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state) {
   if (growth_tracker_.defined()) growth_tracker_.fill_(s.growth_tracker);
 }
 
-} // namespace amp
-} // namespace ddp
+}  // namespace amp
+}  // namespace ddp

@@ -54,9 +54,8 @@ void plain_check_and_unscale(const std::vector<at::Tensor>& grads, at::Tensor& f
   }
 }
 
-void plain_update_scale(at::Tensor& scale, at::Tensor& growth_tracker,
-                        const at::Tensor& found_inf, double growth_factor,
-                        double backoff_factor, int64_t growth_interval) {
+void plain_update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval) {
   const float current = scale.item<float>();
   if (found_inf.item<float>() != 0.0f) {
     scale.fill_(static_cast<float>(current * backoff_factor));
@@ -73,7 +72,7 @@ void plain_update_scale(at::Tensor& scale, at::Tensor& growth_tracker,
   }
 }
 
-} // namespace
+}  // namespace
 
 bool has_fused_kernels(c10::DeviceType device_type) {
   static const bool cpu = probe(c10::DispatchKey::CPU);
@@ -99,8 +98,8 @@ void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tenso
                   double growth_factor, double backoff_factor, int64_t growth_interval,
                   KernelPath path) {
   TORCH_INTERNAL_ASSERT(scale.scalar_type() == at::kFloat && scale.numel() == 1 &&
-                        growth_tracker.scalar_type() == at::kInt &&
-                        growth_tracker.numel() == 1 && found_inf.numel() == 1);
+                        growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1 &&
+                        found_inf.numel() == 1);
   if (path == KernelPath::kAuto && has_fused_kernels(scale.device().type())) {
     at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                            growth_interval);
@@ -110,6 +109,6 @@ void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tenso
   }
 }
 
-} // namespace detail
-} // namespace amp
-} // namespace ddp
+}  // namespace detail
+}  // namespace amp
+}  // namespace ddp

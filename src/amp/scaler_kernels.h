@@ -29,8 +29,7 @@ bool has_fused_kernels(c10::DeviceType device_type);
 /// reduced-precision gradients. found_inf and inv_scale: one-element float32 tensors on
 /// the gradients' device.
 void non_finite_check_and_unscale(const std::vector<at::Tensor>& grads, at::Tensor& found_inf,
-                                  const at::Tensor& inv_scale,
-                                  KernelPath path = KernelPath::kAuto);
+                                  const at::Tensor& inv_scale, KernelPath path = KernelPath::kAuto);
 
 /// One update of the scale (float32) and growth tracker (int32), one element each:
 /// found_inf > 0: scale *= backoff_factor, tracker = 0; else tracker + 1, and when that
@@ -39,6 +38,6 @@ void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tenso
                   double growth_factor, double backoff_factor, int64_t growth_interval,
                   KernelPath path = KernelPath::kAuto);
 
-} // namespace detail
-} // namespace amp
-} // namespace ddp
+}  // namespace detail
+}  // namespace amp
+}  // namespace ddp

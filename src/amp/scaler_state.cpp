@@ -22,8 +22,8 @@ std::string key_list(const c10::impl::GenericDict& dict) {
   std::ostringstream out;
   bool first = true;
   for (const auto& entry : dict) {
-    out << (first ? "" : ", ") << (entry.key().isString() ? entry.key().toStringRef()
-                                                          : entry.key().tagKind());
+    out << (first ? "" : ", ")
+        << (entry.key().isString() ? entry.key().toStringRef() : entry.key().tagKind());
     first = false;
   }
   return out.str();
@@ -34,7 +34,8 @@ c10::IValue value_of(const c10::impl::GenericDict& dict, const char* key,
   const auto it = dict.find(key);
   DDP_CHECK(it != dict.end(), where, ": the GradScaler state has no key '", key,
             "'; expected the keys of GradScaler.state_dict(): scale, growth_factor, "
-            "backoff_factor, growth_interval, _growth_tracker (it has: ", key_list(dict), ")");
+            "backoff_factor, growth_interval, _growth_tracker (it has: ",
+            key_list(dict), ")");
   return it->value();
 }
 
@@ -53,7 +54,7 @@ int64_t integer(const c10::impl::GenericDict& dict, const char* key, const std::
   return v.toInt();
 }
 
-} // namespace
+}  // namespace
 
 c10::impl::GenericDict scaler_state_dict(const ScalerState& state) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
@@ -80,14 +81,13 @@ ScalerState parse_scaler_state(const c10::impl::GenericDict& dict, const std::st
             ": GradScaler state 'backoff_factor' should be in (0, 1), but it is ",
             s.backoff_factor);
   DDP_CHECK(s.growth_interval >= 1, where,
-            ": GradScaler state 'growth_interval' should be >= 1, but it is ",
-            s.growth_interval);
+            ": GradScaler state 'growth_interval' should be >= 1, but it is ", s.growth_interval);
   DDP_CHECK(s.growth_tracker >= 0 && s.growth_tracker <= INT32_MAX, where,
             ": GradScaler state '_growth_tracker' should be in [0, 2^31), but it is ",
-              s.growth_tracker);
+            s.growth_tracker);
   return s;
 }
 
-} // namespace detail
-} // namespace amp
-} // namespace ddp
+}  // namespace detail
+}  // namespace amp
+}  // namespace ddp

@@ -29,6 +29,6 @@ c10::impl::GenericDict scaler_state_dict(const ScalerState& state);
 /// backoff_factor outside (0, 1), growth_interval < 1, _growth_tracker < 0).
 ScalerState parse_scaler_state(const c10::impl::GenericDict& dict, const std::string& where);
 
-} // namespace detail
-} // namespace amp
-} // namespace ddp
+}  // namespace detail
+}  // namespace amp
+}  // namespace ddp

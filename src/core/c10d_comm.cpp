@@ -65,7 +65,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
@@ -80,7 +79,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "AVG must be lowered to SUM before reaching c10d");
 }
 
-} // namespace
+}  // namespace
 
 std::string cause_text(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
@@ -133,8 +132,8 @@ class DoneWork final : public PendingWork {
   explicit DoneWork(std::vector<at::Tensor> value) : value_(std::move(value)) {}
   void wait() override {}
   c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
+    auto fut =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     fut->markCompleted(c10::IValue(value_));
     return fut;
   }
@@ -178,14 +177,12 @@ std::optional<std::string> store_try_get_on(c10d::Store& store, const std::strin
 template <typename PG>
 class C10dComm final : public Comm {
  public:
-  C10dComm(CommConfig config, c10::intrusive_ptr<c10d::Store> store,
-           c10::intrusive_ptr<PG> pg)
+  C10dComm(CommConfig config, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<PG> pg)
       : Comm(std::move(config)), store_(std::move(store)), pg_(std::move(pg)) {}
 
   ~C10dComm() override { shutdown(); }
 
-  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
-                                          ReduceOp op) override {
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
     check_devices("all_reduce", tensors);
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -193,8 +190,7 @@ class C10dComm final : public Comm {
     return run("all_reduce", [&] { return pg()->allreduce(tensors, opts); });
   }
 
-  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors,
-                                         int src) override {
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
     check_devices("broadcast", tensors);
     c10d::BroadcastOptions opts;
     opts.rootRank = src;
@@ -297,8 +293,7 @@ class C10dComm final : public Comm {
   // run() for an op the backend may not have: nullptr (and `native` cleared) when it
   // refuses the call (Note [Native flat collectives]).
   template <typename F>
-  std::shared_ptr<PendingWork> run_native(const char* what, std::atomic<bool>& native,
-                                          F&& launch) {
+  std::shared_ptr<PendingWork> run_native(const char* what, std::atomic<bool>& native, F&& launch) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = launch();
@@ -341,8 +336,7 @@ class LocalComm final : public Comm {
   explicit LocalComm(CommConfig config) : Comm(std::move(config)) {}
   // The same device checks as with peers, so that code that runs at world size 1
   // does not first fail at 2.
-  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
-                                          ReduceOp) override {
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp) override {
     check_devices("all_reduce", tensors);
     return std::make_shared<DoneWork>(tensors);
   }
@@ -429,13 +423,11 @@ void ignore_sigpipe_if_default() {
   sigaction(SIGPIPE, &ignore, nullptr);
 }
 
-std::unique_ptr<Comm> make_gloo(const CommConfig& c,
-                                const c10::intrusive_ptr<c10d::Store>& store) {
+std::unique_ptr<Comm> make_gloo(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store) {
   ignore_sigpipe_if_default();
   auto opts = c10d::ProcessGroupGloo::Options::create(c.timeout);
   if (!c.gloo_interface.empty()) {
-    opts->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForInterface(c.gloo_interface));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(c.gloo_interface));
   } else if (!c.gloo_address.empty()) {
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(c.gloo_address));
   } else {
@@ -463,8 +455,7 @@ std::string nccl_version_string(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
-std::unique_ptr<Comm> make_nccl(const CommConfig& c,
-                                const c10::intrusive_ptr<c10d::Store>& store) {
+std::unique_ptr<Comm> make_nccl(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store) {
   check_nccl_runtime(c.rank);
   // Lesson step 4: one process, one GPU, chosen by local rank.
   const int devices = c10::cuda::device_count();
@@ -479,7 +470,7 @@ std::unique_ptr<Comm> make_nccl(const CommConfig& c,
 }
 #endif
 
-} // namespace
+}  // namespace
 
 // ---- Devices (Note [Device discipline]) ------------------------------------------------
 
@@ -516,12 +507,14 @@ void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensor
       DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
                 ", but this group's collectives take tensors on ", device(),
                 config_->backend == "nccl" ? " (the \"nccl\" backend reads only the GPU "
-                                               "of this rank's local rank)" : "",
+                                             "of this rank's local rank)"
+                                           : "",
                 ". Move it first, e.g. t.to(pg.device()).");
     }
     if (C10_UNLIKELY(i > 0 && tensors[0].defined() && d != tensors[0].device())) {
       DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
-                " but tensor 0 is on ", tensors[0].device(), "; one collective takes "
+                " but tensor 0 is on ", tensors[0].device(),
+                "; one collective takes "
                 "tensors of one device.");
     }
   }
@@ -547,14 +540,17 @@ void check_nccl_runtime(int rank) {
     throw ProcessGroupError(
         "backend \"nccl\" on rank " + std::to_string(rank) +
         ": libnccl.so.2 is not loaded in this process (ncclGetVersion not found), although "
-        "this ddp-cpp was built with NCCL " + nccl_version_string(NCCL_VERSION_CODE) +
+        "this ddp-cpp was built with NCCL " +
+        nccl_version_string(NCCL_VERSION_CODE) +
         ". Install the nvidia-nccl wheel that torch depends on, or use \"gloo\".");
   }
   if (runtime / 100 != NCCL_VERSION_CODE / 100) {
     throw ProcessGroupError(
-        "backend \"nccl\" on rank " + std::to_string(rank) + ": ddp-cpp was compiled against "
-        "NCCL " + nccl_version_string(NCCL_VERSION_CODE) + " but NCCL " +
-        nccl_version_string(runtime) + " is loaded at run time. Build against the nccl.h "
+        "backend \"nccl\" on rank " + std::to_string(rank) +
+        ": ddp-cpp was compiled against "
+        "NCCL " +
+        nccl_version_string(NCCL_VERSION_CODE) + " but NCCL " + nccl_version_string(runtime) +
+        " is loaded at run time. Build against the nccl.h "
         "of the nvidia-nccl wheel that this torch uses (scripts/build does), and check "
         "that LD_LIBRARY_PATH does not put another libnccl.so.2 first.");
   }
@@ -612,11 +608,13 @@ void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                        std::to_string(config.timeout.count()) +
                        " ms: a peer did not answer. Check that every rank is alive and "
                        "calls the same collectives in the same order, or raise the "
-                       "timeout. Cause: " + text);
+                       "timeout. Cause: " +
+                       text);
   }
   throw ProcessGroupError(what + " on " + where(config) +
                           " failed; the process group is broken (state unknown), destroy "
-                          "it and create a new one. Cause: " + text);
+                          "it and create a new one. Cause: " +
+                          text);
 }
 
 // Note [Waiting that talks] for the rendezvous: each rank announces itself under
@@ -633,16 +631,16 @@ void wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
   const std::string where_text = store_description(c);
   KeyWait got;
   try {
-    got = wait_for_keys(
-        [&store](const std::string& key) { return store_try_get_on(store, key); }, keys,
-        c.timeout, [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-          std::vector<int> ranks(missing.begin(), missing.end());
-          return "[ddp] rank " + std::to_string(c.rank) + " of " +
-                 std::to_string(c.world_size) + " has waited " +
-                 std::to_string(waited.count()) + " s at " + where_text + " for rank(s) " +
-                 join_ranks(ranks) + " to join (timeout " +
-                 std::to_string(c.timeout.count() / 1000) + " s)";
-        });
+    got = wait_for_keys([&store](const std::string& key) { return store_try_get_on(store, key); },
+                        keys, c.timeout,
+                        [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+                          std::vector<int> ranks(missing.begin(), missing.end());
+                          return "[ddp] rank " + std::to_string(c.rank) + " of " +
+                                 std::to_string(c.world_size) + " has waited " +
+                                 std::to_string(waited.count()) + " s at " + where_text +
+                                 " for rank(s) " + join_ranks(ranks) + " to join (timeout " +
+                                 std::to_string(c.timeout.count() / 1000) + " s)";
+                        });
   } catch (const std::exception& e) {
     rethrow_comm_error(e, c, "waiting for the other ranks at the rendezvous");
   }
@@ -666,10 +664,11 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
     const std::string text = cause_text(e);
     const std::string t = lower(text);
     if (t.find("address already in use") != std::string::npos) {
-      throw ProcessGroupError(
-          "rank 0 could not listen on port " + std::to_string(c.master_port) + " of " +
-          c.master_addr + ": the port is already in use. Choose a free MASTER_PORT (or "
-          "let ddprun pick one with --master-port 0). Cause: " + text);
+      throw ProcessGroupError("rank 0 could not listen on port " + std::to_string(c.master_port) +
+                              " of " + c.master_addr +
+                              ": the port is already in use. Choose a free MASTER_PORT (or "
+                              "let ddprun pick one with --master-port 0). Cause: " +
+                              text);
     }
     if (classify_comm_failure(text) == CommFailure::kTimeout ||
         t.find("connect") != std::string::npos) {
@@ -677,7 +676,8 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
                          c.master_addr + ":" + std::to_string(c.master_port) + " within " +
                          std::to_string(c.timeout.count()) +
                          " ms: no answer. Check MASTER_ADDR and MASTER_PORT, that rank 0 "
-                         "is running, and that the port is reachable. Cause: " + text);
+                         "is running, and that the port is reachable. Cause: " +
+                         text);
     }
     throw ProcessGroupError("rank " + std::to_string(c.rank) + " could not open " +
                             store_description(c) + ". Cause: " + text);
@@ -698,19 +698,20 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
 #endif
   } catch (const std::exception& e) {
     if (classify_comm_failure(cause_text(e)) == CommFailure::kTimeout) {
-      throw TimeoutError("rank " + std::to_string(c.rank) + " of " +
-                         std::to_string(c.world_size) + " waited " +
-                         std::to_string(c.timeout.count()) + " ms at " +
+      throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
+                         " waited " + std::to_string(c.timeout.count()) + " ms at " +
                          store_description(c) +
                          " for the other ranks to join, and not all of them did. Start "
-                         "all " + std::to_string(c.world_size) +
+                         "all " +
+                         std::to_string(c.world_size) +
                          " ranks with the same rendezvous settings, or raise the timeout. "
-                         "Cause: " + cause_text(e));
+                         "Cause: " +
+                         cause_text(e));
     }
     rethrow_comm_error(e, c, "creating the " + c.backend + " process group");
   }
   TORCH_INTERNAL_ASSERT(false, "backend '", c.backend, "' reached Comm::create unchecked");
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

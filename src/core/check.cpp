@@ -11,5 +11,5 @@ void throw_error(std::string message) {
   throw c10::Error(std::move(message), {});
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -17,12 +17,12 @@ namespace detail {
 /// Throws c10::Error carrying `message` and no backtrace.
 [[noreturn]] void throw_error(std::string message);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp
 
-#define DDP_CHECK(cond, ...)                                        \
-  do {                                                              \
-    if (C10_UNLIKELY(!(cond))) {                                    \
-      ::ddp::detail::throw_error(::c10::str(__VA_ARGS__));          \
-    }                                                               \
+#define DDP_CHECK(cond, ...)                               \
+  do {                                                     \
+    if (C10_UNLIKELY(!(cond))) {                           \
+      ::ddp::detail::throw_error(::c10::str(__VA_ARGS__)); \
+    }                                                      \
   } while (false)

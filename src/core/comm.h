@@ -18,7 +18,7 @@ namespace detail {
 /// Where and how the ranks meet. Filled in by rendezvous.cpp from InitOptions and the
 /// environment; consumed by Comm::create.
 struct CommConfig {
-  std::string backend;          // "gloo" or "nccl"
+  std::string backend;  // "gloo" or "nccl"
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -27,21 +27,21 @@ struct CommConfig {
 
   enum class StoreKind { kNone, kFile, kTcp };
   StoreKind store = StoreKind::kNone;
-  std::string store_path;       // kFile
-  std::string master_addr;      // kTcp
-  int master_port = 0;          // kTcp
-  int master_listen_fd = -1;    // kTcp, rank 0: DDP_MASTER_LISTEN_FD (Note [Handed-over port])
-  std::string init_method;      // for messages
+  std::string store_path;     // kFile
+  std::string master_addr;    // kTcp
+  int master_port = 0;        // kTcp
+  int master_listen_fd = -1;  // kTcp, rank 0: DDP_MASTER_LISTEN_FD (Note [Handed-over port])
+  std::string init_method;    // for messages
 
   // Gloo binds its connections here: an interface name, or else an address.
   std::string gloo_interface;
   std::string gloo_address;
 
   // Diagnostics (Note [Collective fingerprints], Note [Flight recorder]).
-  bool debug_detail = false;          // DDP_DEBUG=detail / InitOptions::debug
-  int debug_check_every = 100;        // DDP_DEBUG_CHECK_EVERY: DDP's parameter checksums
+  bool debug_detail = false;              // DDP_DEBUG=detail / InitOptions::debug
+  int debug_check_every = 100;            // DDP_DEBUG_CHECK_EVERY: DDP's parameter checksums
   size_t flight_recorder_entries = 2000;  // DDP_FLIGHT_RECORDER_SIZE; 0: off
-  std::string flight_recorder_dir;    // DDP_FLIGHT_RECORDER_DIR; empty: no files
+  std::string flight_recorder_dir;        // DDP_FLIGHT_RECORDER_DIR; empty: no files
 };
 
 /// One asynchronous collective in flight.
@@ -85,17 +85,15 @@ class Comm {
   /// op is SUM, MAX or MIN (AVG is done above this layer).
   virtual std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
                                                   ReduceOp op) = 0;
-  virtual std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors,
-                                                 int src) = 0;
+  virtual std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) = 0;
   /// outputs[0][r] receives rank r's inputs[0].
-  virtual std::shared_ptr<PendingWork> all_gather(
-      std::vector<std::vector<at::Tensor>>& outputs,
-      std::vector<at::Tensor>& inputs) = 0;
+  virtual std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs) = 0;
   /// Rank r's `output` receives the reduction (op: SUM, MAX or MIN) of chunk r of
   /// every rank's `input`, which holds world_size equal chunks of output's numel.
   /// Backends without a native one (Gloo in LibTorch 1.13) get the fallback below.
-  virtual std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output,
-                                                             at::Tensor& input, ReduceOp op);
+  virtual std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                             ReduceOp op);
   /// Chunk r of `output` (world_size chunks of input's numel) receives rank r's
   /// `input`.
   virtual std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
@@ -125,8 +123,8 @@ class Comm {
   /// of `input` whose chunk is then copied out, and all_gather_into_tensor as an
   /// all-gather into views of `output`. Correct on any Comm; the all-reduce moves twice
   /// the bytes of a native reduce-scatter.
-  std::shared_ptr<PendingWork> reduce_scatter_by_all_reduce(at::Tensor& output,
-                                                            at::Tensor& input, ReduceOp op);
+  std::shared_ptr<PendingWork> reduce_scatter_by_all_reduce(at::Tensor& output, at::Tensor& input,
+                                                            ReduceOp op);
   std::shared_ptr<PendingWork> all_gather_by_views(at::Tensor& output, at::Tensor& input);
   /// Throws naming `what` unless `whole` is world_size contiguous chunks of `part`'s
   /// numel and dtype, on a device this group reads.
@@ -181,5 +179,5 @@ bool is_unsupported_op(const std::string& cause);
 [[noreturn]] void rethrow_comm_error(const std::exception& e, const CommConfig& config,
                                      const std::string& what);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -16,5 +16,5 @@ namespace detail {
 using NodePtr = decltype(torch::autograd::impl::grad_accumulator(
     std::declval<const torch::autograd::Variable&>()));
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

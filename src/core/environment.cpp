@@ -26,13 +26,10 @@ std::optional<int> env_int(const char* name) {
   char* end = nullptr;
   const long v = std::strtol(s->c_str(), &end, 10);
   const bool numeric = end != s->c_str() && *end == '\0' && errno == 0 &&
-                       v <= std::numeric_limits<int>::max() &&
-                       v >= std::numeric_limits<int>::min();
-  DDP_CHECK(numeric, "environment variable ", name,
-            " must be a non-negative integer, but got '", *s,
-            "'. Fix or unset it, or launch with ddprun, which sets it.");
-  DDP_CHECK(v >= 0, "environment variable ", name,
-            " must be a non-negative integer, but got ", v,
+                       v <= std::numeric_limits<int>::max() && v >= std::numeric_limits<int>::min();
+  DDP_CHECK(numeric, "environment variable ", name, " must be a non-negative integer, but got '",
+            *s, "'. Fix or unset it, or launch with ddprun, which sets it.");
+  DDP_CHECK(v >= 0, "environment variable ", name, " must be a non-negative integer, but got ", v,
             ". Fix or unset it, or launch with ddprun, which sets it.");
   return static_cast<int>(v);
 }
@@ -54,9 +51,9 @@ constexpr Names kLaunchers[] = {
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
 };
 
-} // namespace
+}  // namespace
 
-} // namespace detail
+}  // namespace detail
 
 RankInfo rank_info_from_env() {
   using namespace detail;
@@ -81,8 +78,8 @@ RankInfo rank_info_from_env() {
     info.local_world_size = local_world ? *local_world : -1;
     info.local_rank = local_rank ? *local_rank : -1;
     if (local_world) {
-      DDP_CHECK(*local_world >= 1 && *local_world <= *world, n.local_world_size, "=",
-                *local_world, " must be between 1 and ", n.world_size, "=", *world, ".");
+      DDP_CHECK(*local_world >= 1 && *local_world <= *world, n.local_world_size, "=", *local_world,
+                " must be between 1 and ", n.world_size, "=", *world, ".");
     }
     if (local_rank && local_world) {
       DDP_CHECK(*local_rank < *local_world, n.local_rank, "=", *local_rank, " must be < ",
@@ -93,4 +90,4 @@ RankInfo rank_info_from_env() {
   return info;
 }
 
-} // namespace ddp
+}  // namespace ddp

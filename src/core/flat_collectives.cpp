@@ -47,8 +47,8 @@ class NothingWork final : public PendingWork {
   explicit NothingWork(at::Tensor output) : output_(std::move(output)) {}
   void wait() override {}
   c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
+    auto future =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{output_}));
     return future;
   }
@@ -57,15 +57,15 @@ class NothingWork final : public PendingWork {
   at::Tensor output_;
 };
 
-} // namespace
+}  // namespace
 
 void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const {
   const int world = config_->world_size;
   DDP_CHECK(whole.defined() && part.defined(), what, " on rank ", config_->rank,
             " got an undefined tensor");
   DDP_CHECK(whole.scalar_type() == part.scalar_type(), what, " on rank ", config_->rank,
-            ": the flat tensor is ", whole.scalar_type(), " but the chunk is ",
-            part.scalar_type(), "; both must have one dtype.");
+            ": the flat tensor is ", whole.scalar_type(), " but the chunk is ", part.scalar_type(),
+            "; both must have one dtype.");
   DDP_CHECK(whole.numel() == part.numel() * world, what, " on rank ", config_->rank,
             ": the flat tensor has ", whole.numel(), " elements, but world_size (", world,
             ") times the chunk's ", part.numel(), " is ", part.numel() * world,
@@ -76,8 +76,7 @@ void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tenso
 }
 
 std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& output,
-                                                                at::Tensor& input,
-                                                                ReduceOp op) {
+                                                                at::Tensor& input, ReduceOp op) {
   if (output.numel() == 0) return std::make_shared<NothingWork>(output);
   // A copy, so that the caller's input keeps its values, as with a native reduce-scatter.
   std::vector<at::Tensor> tensors{input.clone()};
@@ -105,11 +104,10 @@ std::shared_ptr<PendingWork> Comm::reduce_scatter_tensor(at::Tensor& output, at:
   return reduce_scatter_by_all_reduce(output, input, op);
 }
 
-std::shared_ptr<PendingWork> Comm::all_gather_into_tensor(at::Tensor& output,
-                                                          at::Tensor& input) {
+std::shared_ptr<PendingWork> Comm::all_gather_into_tensor(at::Tensor& output, at::Tensor& input) {
   check_flat("all_gather_into_tensor", output, input);
   return all_gather_by_views(output, input);
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

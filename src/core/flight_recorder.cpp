@@ -30,7 +30,7 @@ const char* state_name(int s) {
   }
 }
 
-} // namespace
+}  // namespace
 
 FlightRecorder::FlightRecorder(size_t capacity, int rank, int world_size, std::string backend,
                                std::string dir)
@@ -119,8 +119,8 @@ std::string FlightRecorder::dump(const std::string& reason) {
     const Entry& e = entries[i];
     doc << (i == 0 ? "\n  " : ",\n  ") << "{\"seq\": " << e.seq
         << ", \"what\": " << json_quote(e.what) << ", \"start_us\": " << e.start_us
-        << ", \"end_us\": " << e.end_us
-        << ", \"state\": \"" << state_name(static_cast<int>(e.state)) << "\"";
+        << ", \"end_us\": " << e.end_us << ", \"state\": \""
+        << state_name(static_cast<int>(e.state)) << "\"";
     if (!e.error.empty()) doc << ", \"error\": " << json_quote(e.error);
     doc << "}";
   }
@@ -144,5 +144,5 @@ std::string FlightRecorder::dump(const std::string& reason) {
   return path;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -23,8 +23,7 @@ namespace detail {
 
 class FlightRecorder {
  public:
-  FlightRecorder(size_t capacity, int rank, int world_size, std::string backend,
-                 std::string dir);
+  FlightRecorder(size_t capacity, int rank, int world_size, std::string backend, std::string dir);
 
   bool enabled() const { return capacity_ > 0; }
   /// A collective starts: `what` is its fingerprint text ("all_reduce [float 1024]").
@@ -60,5 +59,5 @@ class FlightRecorder {
   bool dumped_ = false;
 };
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

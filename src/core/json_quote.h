@@ -11,5 +11,5 @@ namespace detail {
 /// JSON string literal for `s`, quotes included.
 std::string json_quote(const std::string& s);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

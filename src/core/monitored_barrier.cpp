@@ -32,7 +32,7 @@ std::vector<int> parse_ranks(const std::string& text) {
   return ranks;
 }
 
-} // namespace
+}  // namespace
 
 void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks) {
   (void)wait_all_ranks;  // every late rank is always named: the store shows them all at once
@@ -48,34 +48,39 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
 
   if (me != 0) {
     c.store_set(key(n, std::to_string(me)), "1");
-    const auto got = detail::wait_for_keys(
-        detail::store_reader(c), {key(n, "verdict")}, timeout + kVerdictGrace,
-        [&](const std::vector<size_t>&, std::chrono::seconds waited) {
-          return "[ddp] " + where + ": has waited " + std::to_string(waited.count()) +
-                 " s for rank 0 to see every rank arrive (timeout " + limit + ")";
-        });
+    const auto got =
+        detail::wait_for_keys(detail::store_reader(c), {key(n, "verdict")}, timeout + kVerdictGrace,
+                              [&](const std::vector<size_t>&, std::chrono::seconds waited) {
+                                return "[ddp] " + where + ": has waited " +
+                                       std::to_string(waited.count()) +
+                                       " s for rank 0 to see every rank arrive (timeout " + limit +
+                                       ")";
+                              });
     if (!got.complete()) {
       throw TimeoutError(where + ": rank 0 did not answer within " + limit + " (+" +
-                         std::to_string(kVerdictGrace.count()) + " s): rank 0 is stuck "
+                         std::to_string(kVerdictGrace.count()) +
+                         " s): rank 0 is stuck "
                          "before this barrier, or gone.");
     }
     const std::string verdict = *got.values[0];
     if (verdict == "ok") return;
     throw TimeoutError(where + ": rank(s) " + detail::join_ranks(parse_ranks(verdict)) +
-                       " did not arrive within " + limit + " (seen by rank 0). They are "
+                       " did not arrive within " + limit +
+                       " (seen by rank 0). They are "
                        "stuck before this barrier, or gone.");
   }
 
   std::vector<std::string> keys;
   for (int r = 1; r < size(); ++r) keys.push_back(key(n, std::to_string(r)));
-  const auto got = detail::wait_for_keys(
-      detail::store_reader(c), keys, timeout,
-      [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-        std::vector<int> ranks;
-        for (size_t i : missing) ranks.push_back(static_cast<int>(i) + 1);
-        return "[ddp] " + where + ": has waited " + std::to_string(waited.count()) +
-               " s for rank(s) " + detail::join_ranks(ranks) + " (timeout " + limit + ")";
-      });
+  const auto got =
+      detail::wait_for_keys(detail::store_reader(c), keys, timeout,
+                            [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+                              std::vector<int> ranks;
+                              for (size_t i : missing) ranks.push_back(static_cast<int>(i) + 1);
+                              return "[ddp] " + where + ": has waited " +
+                                     std::to_string(waited.count()) + " s for rank(s) " +
+                                     detail::join_ranks(ranks) + " (timeout " + limit + ")";
+                            });
   std::vector<int> late;
   std::string verdict;
   for (size_t i : got.missing) {
@@ -84,8 +89,9 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
   }
   c.store_set(key(n, "verdict"), late.empty() ? "ok" : verdict);
   if (late.empty()) return;
-  throw TimeoutError(where + ": rank(s) " + detail::join_ranks(late) +
-                     " did not arrive within " + limit + ". They are stuck before this "
+  throw TimeoutError(where + ": rank(s) " + detail::join_ranks(late) + " did not arrive within " +
+                     limit +
+                     ". They are stuck before this "
                      "barrier, or gone.");
 }
 
@@ -98,4 +104,4 @@ void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks) {
   default_group()->monitored_barrier(timeout, wait_all_ranks);
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -53,7 +53,7 @@ ProcessGroup::~ProcessGroup() {
 
 detail::Comm& ProcessGroup::comm() const {
   DDP_CHECK(comm_, "this process group was shut down (destroy_process_group); create a "
-            "new one with init_process_group before using collectives.");
+                   "new one with init_process_group before using collectives.");
   return *comm_;
 }
 
@@ -71,16 +71,16 @@ void ProcessGroup::barrier() { comm().barrier(); }
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   DDP_CHECK(tensor.defined(), "all_reduce got an undefined tensor on rank ", rank());
   DDP_CHECK(op != ReduceOp::AVG || at::isFloatingType(tensor.scalar_type()),
-            "all_reduce with AVG needs a floating-point tensor, but got ",
-            tensor.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
+            "all_reduce with AVG needs a floating-point tensor, but got ", tensor.scalar_type(),
+            " on rank ", rank(), ". Use SUM and divide yourself.");
   std::vector<at::Tensor> tensors{tensor};
   comm().all_reduce(tensors, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
   if (op == ReduceOp::AVG && size() > 1) tensor.div_(size());
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int src) {
-  DDP_CHECK(src >= 0 && src < size(), "broadcast src must be in 0..", size() - 1,
-            ", but got ", src);
+  DDP_CHECK(src >= 0 && src < size(), "broadcast src must be in 0..", size() - 1, ", but got ",
+            src);
   std::vector<at::Tensor> tensors{tensor};
   comm().broadcast(tensors, src)->wait();
 }
@@ -97,8 +97,8 @@ std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes
   if (size() == 1) return {bytes};
   // Lengths first, then every rank's bytes padded to the longest.
   const int64_t world = size();
-  const at::Tensor lengths = detail::all_gather_host(
-      *this, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
+  const at::Tensor lengths =
+      detail::all_gather_host(*this, at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong));
   const int64_t* length = lengths.data_ptr<int64_t>();
   const int64_t longest = std::max<int64_t>(*std::max_element(length, length + world), 1);
   at::Tensor host = at::zeros({longest}, at::kByte);
@@ -112,8 +112,7 @@ std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes
   return out;
 }
 
-void ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
-                                         ReduceOp op) {
+void ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   DDP_CHECK(op != ReduceOp::AVG || at::isFloatingType(input.scalar_type()),
             "reduce_scatter_tensor with AVG needs a floating-point tensor, but got ",
             input.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
@@ -150,7 +149,7 @@ at::Tensor all_gather_host(ProcessGroup& pg, const at::Tensor& host) {
   return at::stack(rows);
 }
 
-} // namespace detail
+}  // namespace detail
 
 Work ProcessGroup::all_reduce_async(std::vector<at::Tensor>& tensors, ReduceOp op) {
   if (op == ReduceOp::AVG) {
@@ -171,12 +170,12 @@ Work ProcessGroup::broadcast_async(std::vector<at::Tensor>& tensors, int src) {
   return w;
 }
 
-Work ProcessGroup::reduce_scatter_tensor_async(at::Tensor& output, at::Tensor& input,
-                                              ReduceOp op) {
+Work ProcessGroup::reduce_scatter_tensor_async(at::Tensor& output, at::Tensor& input, ReduceOp op) {
   if (op == ReduceOp::AVG) {
-    DDP_CHECK(at::isFloatingType(input.scalar_type()), "reduce_scatter_tensor_async with AVG "
-              "needs a floating-point tensor, but got ", input.scalar_type(), " on rank ",
-              rank(), ".");
+    DDP_CHECK(at::isFloatingType(input.scalar_type()),
+              "reduce_scatter_tensor_async with AVG "
+              "needs a floating-point tensor, but got ",
+              input.scalar_type(), " on rank ", rank(), ".");
     input.div_(size());
     op = ReduceOp::SUM;
   }
@@ -208,15 +207,17 @@ namespace {
 std::mutex g_mutex;
 std::shared_ptr<ProcessGroup> g_default;
 
-} // namespace
+}  // namespace
 
 bool is_nccl_available() { return detail::nccl_compiled(); }
 bool is_gloo_available() { return true; }
 
 void init_process_group(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  DDP_CHECK(!g_default, "init_process_group was called twice: the default process group "
-            "(rank ", g_default ? g_default->rank() : -1,
+  DDP_CHECK(!g_default,
+            "init_process_group was called twice: the default process group "
+            "(rank ",
+            g_default ? g_default->rank() : -1,
             ") is already initialised. Call destroy_process_group first, or use "
             "ddp::ProcessGroup::create for a second group.");
   g_default = ProcessGroup::create(options);
@@ -232,7 +233,7 @@ void destroy_process_group() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     DDP_CHECK(g_default, "destroy_process_group called, but no default process group is "
-              "initialised (never initialised, or already destroyed).");
+                         "initialised (never initialised, or already destroyed).");
     pg = std::move(g_default);
   }
   pg->shutdown();
@@ -241,7 +242,7 @@ void destroy_process_group() {
 std::shared_ptr<ProcessGroup> default_group() {
   std::lock_guard<std::mutex> lock(g_mutex);
   DDP_CHECK(g_default, "the default process group is not initialised: call "
-            "ddp::init_process_group() first (and not after destroy_process_group()).");
+                       "ddp::init_process_group() first (and not after destroy_process_group()).");
   return g_default;
 }
 
@@ -268,9 +269,7 @@ void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
   default_group()->all_gather_into_tensor(output, input);
 }
 
-ProcessGroupGuard::ProcessGroupGuard(const InitOptions& options) {
-  init_process_group(options);
-}
+ProcessGroupGuard::ProcessGroupGuard(const InitOptions& options) { init_process_group(options); }
 
 ProcessGroupGuard::~ProcessGroupGuard() {
   try {
@@ -279,4 +278,4 @@ ProcessGroupGuard::~ProcessGroupGuard() {
   }
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -52,36 +52,35 @@ bool is_loopback(const std::string& host) {
 // Creates dir (mode 0700) if needed and checks that only we can use it.
 void ensure_private_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    DDP_CHECK(false, "could not create the rendezvous directory ", dir, ": ",
-              std::strerror(errno), ". Set TMPDIR to a writable directory.");
+    DDP_CHECK(false, "could not create the rendezvous directory ", dir, ": ", std::strerror(errno),
+              ". Set TMPDIR to a writable directory.");
   }
   struct stat st {};
   DDP_CHECK(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "rendezvous path ", dir,
             " is not a directory. Remove it, or set TMPDIR elsewhere.");
-  DDP_CHECK(st.st_uid == ::getuid() && (st.st_mode & 077) == 0,
-            "rendezvous directory ", dir, " must be private (owned by uid ", ::getuid(),
-            ", mode 0700), but it is owned by uid ", st.st_uid, " with mode ",
-            (st.st_mode & 0777), ". Another user may be able to join this group; remove "
+  DDP_CHECK(st.st_uid == ::getuid() && (st.st_mode & 077) == 0, "rendezvous directory ", dir,
+            " must be private (owned by uid ", ::getuid(), ", mode 0700), but it is owned by uid ",
+            st.st_uid, " with mode ", (st.st_mode & 0777),
+            ". Another user may be able to join this group; remove "
             "the directory or set TMPDIR elsewhere.");
 }
 
 bool pid_alive(long pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
-std::string shared_store_path(const std::string& dir, int rank,
-                              std::chrono::milliseconds timeout) {
+std::string shared_store_path(const std::string& dir, int rank, std::chrono::milliseconds timeout) {
   const std::string pointer = dir + "/current";
   if (rank == 0) {
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    const std::string name = dir + "/store." + std::to_string(::getpid()) + "." +
-                             std::to_string(now);
+    const std::string name =
+        dir + "/store." + std::to_string(::getpid()) + "." + std::to_string(now);
     const std::string tmp = pointer + ".tmp." + std::to_string(::getpid());
     {
       std::ofstream out(tmp, std::ios::trunc);
       out << ::getpid() << ' ' << name << '\n';
       DDP_CHECK(out.good(), "could not write ", tmp, ": ", std::strerror(errno));
     }
-    DDP_CHECK(::rename(tmp.c_str(), pointer.c_str()) == 0, "could not publish ", pointer,
-              ": ", std::strerror(errno));
+    DDP_CHECK(::rename(tmp.c_str(), pointer.c_str()) == 0, "could not publish ", pointer, ": ",
+              std::strerror(errno));
     return name;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -92,9 +91,9 @@ std::string shared_store_path(const std::string& dir, int rank,
     if (in >> pid >> name && pid_alive(pid)) return name;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  throw TimeoutError("rank " + std::to_string(rank) + " waited " +
-                     std::to_string(timeout.count()) + " ms for rank 0 to publish " +
-                     pointer + ", and it did not. Start rank 0 with the same MASTER_ADDR "
+  throw TimeoutError("rank " + std::to_string(rank) + " waited " + std::to_string(timeout.count()) +
+                     " ms for rank 0 to publish " + pointer +
+                     ", and it did not. Start rank 0 with the same MASTER_ADDR "
                      "and MASTER_PORT, or raise the timeout.");
 }
 
@@ -110,8 +109,8 @@ std::string interface_for(const std::string& host) {
   if (::getifaddrs(&ifs) != 0) return "";
   std::string found;
   for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_netmask == nullptr ||
-        i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_UP) == 0) {
+    if (i->ifa_addr == nullptr || i->ifa_netmask == nullptr || i->ifa_addr->sa_family != AF_INET ||
+        (i->ifa_flags & IFF_UP) == 0) {
       continue;
     }
     const uint32_t a = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
@@ -155,16 +154,21 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
   if (debug.empty()) {
     // PyTorch's variable, for jobs that already set it: DETAIL checks every collective.
     std::string torch_level = env_string("TORCH_DISTRIBUTED_DEBUG").value_or("off");
-    for (char& ch : torch_level) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (char& ch : torch_level)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     debug = torch_level == "detail" ? "detail" : "off";
   }
-  DDP_CHECK(debug == "off" || debug == "detail", "debug mode must be \"off\" or "
-            "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"", debug, "\".");
+  DDP_CHECK(debug == "off" || debug == "detail",
+            "debug mode must be \"off\" or "
+            "\"detail\" (InitOptions::debug or DDP_DEBUG), but got \"",
+            debug, "\".");
   c.debug_detail = debug == "detail";
   if (auto n = env_int("DDP_FLIGHT_RECORDER_SIZE")) c.flight_recorder_entries = *n;
   if (auto k = env_int("DDP_DEBUG_CHECK_EVERY")) {
-    DDP_CHECK(*k > 0, "DDP_DEBUG_CHECK_EVERY must be >= 1 (iterations between DDP's "
-              "parameter checksums in debug mode), but got ", *k, ".");
+    DDP_CHECK(*k > 0,
+              "DDP_DEBUG_CHECK_EVERY must be >= 1 (iterations between DDP's "
+              "parameter checksums in debug mode), but got ",
+              *k, ".");
     c.debug_check_every = *k;
   }
   c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
@@ -200,7 +204,7 @@ int checked_listen_fd(int fd, const CommConfig& c) {
   return fd;
 }
 
-} // namespace
+}  // namespace
 
 CommConfig resolve_rendezvous(const InitOptions& o) {
   CommConfig c;
@@ -211,8 +215,10 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   // Backend.
   c.backend = o.backend();
   if (c.backend.empty()) c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
-  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl", "backend must be \"gloo\" or "
-            "\"nccl\", but got \"", c.backend, "\".");
+  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl",
+            "backend must be \"gloo\" or "
+            "\"nccl\", but got \"",
+            c.backend, "\".");
   DDP_CHECK(c.backend != "nccl" || nccl_compiled(),
             "backend \"nccl\" is not available: this ddp-cpp was built against a "
             "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
@@ -224,19 +230,20 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   const bool from_env = env.source != "none";
   c.rank = o.rank() >= 0 ? o.rank() : env.rank;
   c.world_size = o.world_size() >= 0 ? o.world_size() : env.world_size;
-  DDP_CHECK(o.rank() >= -1 && o.world_size() >= -1, "rank and world_size must be >= 0 "
-            "(or -1 to read the environment), but got rank=", o.rank(), ", world_size=",
-            o.world_size(), ".");
-  DDP_CHECK(from_env || (o.rank() >= 0 && o.world_size() >= 0),
-            "init_method ", c.init_method, " needs this process's rank and the world "
+  DDP_CHECK(o.rank() >= -1 && o.world_size() >= -1,
+            "rank and world_size must be >= 0 "
+            "(or -1 to read the environment), but got rank=",
+            o.rank(), ", world_size=", o.world_size(), ".");
+  DDP_CHECK(from_env || (o.rank() >= 0 && o.world_size() >= 0), "init_method ", c.init_method,
+            " needs this process's rank and the world "
             "size, but neither InitOptions nor the environment (RANK/WORLD_SIZE, "
             "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE) gives "
             "them. Launch with ddprun, or set InitOptions().rank(r).world_size(n).");
   DDP_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
-  DDP_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ",
-            c.world_size, ": ranks are numbered 0..", c.world_size - 1, ".");
-  DDP_CHECK(c.backend != "nccl" || cuda_available(),
-            "backend \"nccl\" needs a CUDA GPU, but rank ", c.rank, " sees none (",
+  DDP_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ", c.world_size,
+            ": ranks are numbered 0..", c.world_size - 1, ".");
+  DDP_CHECK(c.backend != "nccl" || cuda_available(), "backend \"nccl\" needs a CUDA GPU, but rank ",
+            c.rank, " sees none (",
             "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
             "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
             "backend to choose by what is there.");
@@ -247,8 +254,10 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   if (m.rfind("file://", 0) == 0) {
     c.store = CommConfig::StoreKind::kFile;
     c.store_path = m.substr(7);
-    DDP_CHECK(!c.store_path.empty() && c.store_path[0] == '/', "init_method file:// needs "
-              "an absolute path (file:///dir/store), but got '", m, "'.");
+    DDP_CHECK(!c.store_path.empty() && c.store_path[0] == '/',
+              "init_method file:// needs "
+              "an absolute path (file:///dir/store), but got '",
+              m, "'.");
     c.gloo_address = "127.0.0.1";
   } else if (m.rfind("tcp://", 0) == 0) {
     c.store = CommConfig::StoreKind::kTcp;
@@ -268,8 +277,8 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.gloo_address = "127.0.0.1";
     } else if (one_host) {
       DDP_CHECK(port, "env:// needs MASTER_PORT to tell this run's ranks apart, but it is "
-                "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
-                "rank), or launch with ddprun.");
+                      "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
+                      "rank), or launch with ddprun.");
       const std::string root = tmp_root() + "/ddp-" + std::to_string(::getuid());
       const std::string sub =
           root + "/" + (addr ? *addr : std::string("127.0.0.1")) + "-" + std::to_string(*port);
@@ -279,21 +288,20 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.store_path = shared_store_path(sub, c.rank, c.timeout);
       c.gloo_address = "127.0.0.1";
     } else {
-      DDP_CHECK(addr, "MASTER_ADDR is not set, but this is a multi-host run (",
-                c.world_size, " ranks, LOCAL_WORLD_SIZE ",
+      DDP_CHECK(addr, "MASTER_ADDR is not set, but this is a multi-host run (", c.world_size,
+                " ranks, LOCAL_WORLD_SIZE ",
                 c.local_world_size > 0 ? std::to_string(c.local_world_size) : "unset",
                 "). Set MASTER_ADDR to the address of rank 0's host on every rank (ddprun "
                 "--master-addr does this); for a single-host run set LOCAL_WORLD_SIZE = "
                 "WORLD_SIZE or MASTER_ADDR=127.0.0.1.");
       DDP_CHECK(port, "MASTER_PORT is not set. Set it to a free port on rank 0's host, "
-                "the same on every rank (ddprun --master-port does this).");
+                      "the same on every rank (ddprun --master-port does this).");
       c.store = CommConfig::StoreKind::kTcp;
       c.master_addr = *addr;
       c.master_port = *port;
     }
   } else {
-    DDP_CHECK(false, "init_method must start with env://, tcp:// or file://, but got '", m,
-              "'.");
+    DDP_CHECK(false, "init_method must start with env://, tcp:// or file://, but got '", m, "'.");
   }
 
   if (c.store == CommConfig::StoreKind::kTcp && c.rank == 0) {
@@ -318,5 +326,5 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   return c;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

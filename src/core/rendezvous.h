@@ -21,5 +21,5 @@ std::optional<int> env_int(const char* name);
 struct CommConfig;
 CommConfig resolve_rendezvous(const InitOptions& options);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -33,12 +33,11 @@ ReportTimes report_times() {
   return t;
 }
 
-} // namespace
+}  // namespace
 
-KeyWait wait_for_keys(const TryGet& try_get, const std::vector<std::string>& keys,
-                      std::chrono::milliseconds timeout,
-                      const std::function<std::string(const std::vector<size_t>&,
-                                                      std::chrono::seconds)>& report) {
+KeyWait wait_for_keys(
+    const TryGet& try_get, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+    const std::function<std::string(const std::vector<size_t>&, std::chrono::seconds)>& report) {
   const ReportTimes times = report_times();
   const auto start = Clock::now();
   const auto deadline = start + timeout;
@@ -81,5 +80,5 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return os.str();
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

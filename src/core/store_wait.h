@@ -41,5 +41,5 @@ TryGet store_reader(Comm& comm);
 /// "1, 3 and 4"
 std::string join_ranks(const std::vector<int>& ranks);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -91,7 +91,7 @@ class TracedWork final : public PendingWork {
   uint64_t seq_;
 };
 
-} // namespace
+}  // namespace
 
 std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
   std::ostringstream os;
@@ -114,9 +114,8 @@ std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
 TracedComm::TracedComm(std::unique_ptr<Comm> inner)
     : Comm(inner->config()),
       inner_(std::move(inner)),
-      recorder_(std::make_shared<FlightRecorder>(config().flight_recorder_entries,
-                                                 config().rank, config().world_size,
-                                                 config().backend,
+      recorder_(std::make_shared<FlightRecorder>(config().flight_recorder_entries, config().rank,
+                                                 config().world_size, config().backend,
                                                  config().flight_recorder_dir)) {}
 
 template <typename Launch>
@@ -136,8 +135,7 @@ std::shared_ptr<PendingWork> TracedComm::traced(std::string what, Launch&& launc
   return std::make_shared<TracedWork>(std::move(work), recorder_, seq);
 }
 
-std::shared_ptr<PendingWork> TracedComm::all_reduce(std::vector<at::Tensor>& tensors,
-                                                    ReduceOp op) {
+std::shared_ptr<PendingWork> TracedComm::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) {
   return traced("all_reduce(" + op_name(op) + ") [" + describe_tensors(tensors) + "]",
                 [&] { return inner_->all_reduce(tensors, op); });
 }
@@ -147,16 +145,15 @@ std::shared_ptr<PendingWork> TracedComm::broadcast(std::vector<at::Tensor>& tens
                 [&] { return inner_->broadcast(tensors, src); });
 }
 
-std::shared_ptr<PendingWork> TracedComm::all_gather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs) {
+std::shared_ptr<PendingWork> TracedComm::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs) {
   return traced("all_gather [" + describe_tensors(inputs) + "]",
                 [&] { return inner_->all_gather(outputs, inputs); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::reduce_scatter_tensor(at::Tensor& output,
                                                                at::Tensor& input, ReduceOp op) {
-  return traced("reduce_scatter_tensor(" + op_name(op) + ") [" + describe_tensors({input}) +
-                    "]",
+  return traced("reduce_scatter_tensor(" + op_name(op) + ") [" + describe_tensors({input}) + "]",
                 [&] { return inner_->reduce_scatter_tensor(output, input, op); });
 }
 
@@ -175,7 +172,7 @@ class BarrierWork final : public PendingWork {
     TORCH_INTERNAL_ASSERT(false, "a barrier has no future");
   }
 };
-} // namespace
+}  // namespace
 
 void TracedComm::barrier() {
   uint64_t seq = 0;
@@ -214,15 +211,16 @@ void TracedComm::check_fingerprint(uint64_t seq, const std::string& what) {
     return value;
   };
   const std::string mine = at_seq(what, seq);
-  const KeyWait got = wait_for_keys(
-      current, keys, config().timeout,
-      [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-        std::vector<int> ranks(missing.begin(), missing.end());
-        return "[ddp] rank " + std::to_string(rank) + " is at " + mine + " and has waited " +
-               std::to_string(waited.count()) + " s for rank(s) " + join_ranks(ranks) +
-               " to reach it (timeout " + std::to_string(config().timeout.count() / 1000) +
-               " s; DDP_DEBUG=detail)";
-      });
+  const KeyWait got =
+      wait_for_keys(current, keys, config().timeout,
+                    [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+                      std::vector<int> ranks(missing.begin(), missing.end());
+                      return "[ddp] rank " + std::to_string(rank) + " is at " + mine +
+                             " and has waited " + std::to_string(waited.count()) +
+                             " s for rank(s) " + join_ranks(ranks) + " to reach it (timeout " +
+                             std::to_string(config().timeout.count() / 1000) +
+                             " s; DDP_DEBUG=detail)";
+                    });
 
   if (!got.complete()) {
     std::ostringstream os;
@@ -254,12 +252,13 @@ void TracedComm::check_fingerprint(uint64_t seq, const std::string& what) {
   for (int r = 1; r < world; ++r) {
     const std::string call = call_of(*got.values[r]);
     if (call == first) continue;
-    fail_check(seq, "collective mismatch: rank " + std::to_string(r) + " is at " +
-                        at_seq(call, seq) + " while rank 0 is at " + at_seq(first, seq) +
-                        " (seen on rank " + std::to_string(rank) + " of " +
-                        std::to_string(world) + "; DDP_DEBUG=detail). Every rank must call "
-                        "the same collectives, with the same dtypes and shapes, in the "
-                        "same order.",
+    fail_check(seq,
+               "collective mismatch: rank " + std::to_string(r) + " is at " + at_seq(call, seq) +
+                   " while rank 0 is at " + at_seq(first, seq) + " (seen on rank " +
+                   std::to_string(rank) + " of " + std::to_string(world) +
+                   "; DDP_DEBUG=detail). Every rank must call "
+                   "the same collectives, with the same dtypes and shapes, in the "
+                   "same order.",
                /*timeout=*/false);
   }
 }
@@ -274,5 +273,5 @@ void TracedComm::fail_check(uint64_t seq, const std::string& reason, bool timeou
   throw MismatchError(text);
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -31,8 +31,7 @@ class TracedComm final : public Comm {
   at::Tensor to_device(const at::Tensor& t) override { return inner_->to_device(t); }
   at::Tensor to_host(const at::Tensor& t) override { return inner_->to_host(t); }
 
-  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
-                                          ReduceOp op) override;
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override;
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override;
   std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs) override;
@@ -67,5 +66,5 @@ class TracedComm final : public Comm {
 /// "float 4x256", "long 3", for fingerprints and records.
 std::string describe_tensors(const std::vector<at::Tensor>& tensors);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

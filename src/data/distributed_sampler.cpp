@@ -51,9 +51,8 @@ struct DistributedSampler::State {
               "least one sample. Check that the dataset was loaded.");
     DDP_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, but got ",
               num_replicas);
-    DDP_CHECK(rank >= 0 && rank < num_replicas,
-              "DistributedSampler: rank must be in 0..", num_replicas - 1,
-              " (num_replicas=", num_replicas, "), but got ", rank,
+    DDP_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank must be in 0..",
+              num_replicas - 1, " (num_replicas=", num_replicas, "), but got ", rank,
               ". Pass this process's rank (ddp::get_rank()).");
     DDP_CHECK(!options.drop_last() || dataset_size >= static_cast<size_t>(num_replicas),
               "DistributedSampler: drop_last=true with dataset_size=", dataset_size,
@@ -66,9 +65,10 @@ struct DistributedSampler::State {
   std::vector<size_t> order() const {
     std::vector<size_t> out(dataset_size);
     if (options.shuffle()) {
-      const std::vector<int64_t> perm = detail::python_randperm(
-          static_cast<int64_t>(dataset_size),
-          static_cast<uint64_t>(options.seed()) + static_cast<uint64_t>(epoch));
+      const std::vector<int64_t> perm =
+          detail::python_randperm(static_cast<int64_t>(dataset_size),
+                                  static_cast<uint64_t>(options.seed()) +
+                                      static_cast<uint64_t>(epoch));
       for (size_t i = 0; i < dataset_size; ++i) out[i] = static_cast<size_t>(perm[i]);
     } else {
       for (size_t i = 0; i < dataset_size; ++i) out[i] = i;
@@ -80,7 +80,8 @@ struct DistributedSampler::State {
   // [Re-sharding an epoch].
   void rebuild() {
     std::vector<size_t> list = order();
-    if (!stages.empty()) list = detail::remaining_after(std::move(list), stages, options.drop_last());
+    if (!stages.empty())
+      list = detail::remaining_after(std::move(list), stages, options.drop_last());
     num_samples = detail::share_size(list.size(), num_replicas, options.drop_last());
     indices.assign(num_samples, 0);
     const size_t replicas = static_cast<size_t>(num_replicas);
@@ -98,8 +99,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size,
   s.dataset_size = dataset_size;
   if (!options.num_replicas() || !options.rank()) {
     DDP_CHECK(is_initialized(),
-              "DistributedSampler: ",
-              !options.num_replicas() ? "num_replicas" : "rank",
+              "DistributedSampler: ", !options.num_replicas() ? "num_replicas" : "rank",
               " is unset and no default process group is initialised. Call "
               "ddp::init_process_group() before creating the sampler, or set both "
               "explicitly: DistributedSamplerOptions().num_replicas(N).rank(r).");
@@ -175,23 +175,23 @@ namespace {
 template <typename T>
 void check_same(const char* field, const T& saved, const T& mine,
                 const DistributedSamplerState& state) {
-  DDP_CHECK(saved == mine, "DistributedSampler::load_state: the saved state has ", field,
-            "=", saved, " but this sampler has ", field, "=", mine,
-            ". It was saved mid-epoch (position ", state.position, " of epoch ",
-            state.epoch, "), so the remaining samples depend on ", field,
-            ". Create the sampler with ", field, "=", saved,
-            ", or resume from a checkpoint saved at an epoch boundary.");
+  DDP_CHECK(saved == mine, "DistributedSampler::load_state: the saved state has ", field, "=",
+            saved, " but this sampler has ", field, "=", mine,
+            ". It was saved mid-epoch (position ", state.position, " of epoch ", state.epoch,
+            "), so the remaining samples depend on ", field, ". Create the sampler with ", field,
+            "=", saved, ", or resume from a checkpoint saved at an epoch boundary.");
 }
 
-} // namespace
+}  // namespace
 
 void DistributedSampler::check_state(const DistributedSamplerState& state) const {
   const State& s = *state_;
-  DDP_CHECK(state.position >= 0, "DistributedSampler::load_state: position must be >= 0, "
-            "but got ", state.position);
+  DDP_CHECK(state.position >= 0,
+            "DistributedSampler::load_state: position must be >= 0, "
+            "but got ",
+            state.position);
   if (state.position > 0 || !state.earlier_stages.empty()) {
-    check_same("dataset_size", state.dataset_size, static_cast<int64_t>(s.dataset_size),
-               state);
+    check_same("dataset_size", state.dataset_size, static_cast<int64_t>(s.dataset_size), state);
     check_same("num_replicas", state.num_replicas, s.num_replicas, state);
     check_same("rank", state.rank, s.rank, state);
     check_same("shuffle", state.shuffle, s.options.shuffle(), state);
@@ -256,8 +256,7 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   auto read = [&](const char* key) {
     c10::IValue v;
-    DDP_CHECK(archive.try_read(key, v),
-              "DistributedSampler::load: the archive has no '", key,
+    DDP_CHECK(archive.try_read(key, v), "DistributedSampler::load: the archive has no '", key,
               "'; expected one written by ddp::DistributedSampler::save.");
     return v;
   };
@@ -276,8 +275,8 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
     for (size_t i = 0; i < flat.size();) {
       DistributedSamplerStage stage;
       stage.num_replicas = flat[i++];
-      DDP_CHECK(stage.num_replicas >= 1 && i + static_cast<size_t>(stage.num_replicas) <=
-                                                flat.size(),
+      DDP_CHECK(stage.num_replicas >= 1 &&
+                    i + static_cast<size_t>(stage.num_replicas) <= flat.size(),
                 "DistributedSampler::load: 'earlier_stages' is corrupt.");
       stage.positions.assign(flat.begin() + static_cast<std::ptrdiff_t>(i),
                              flat.begin() + static_cast<std::ptrdiff_t>(i) + stage.num_replicas);
@@ -297,8 +296,6 @@ size_t DistributedSampler::position() const { return state_->position; }
 size_t DistributedSampler::dataset_size() const { return state_->dataset_size; }
 int64_t DistributedSampler::num_replicas() const { return state_->num_replicas; }
 int64_t DistributedSampler::rank() const { return state_->rank; }
-const DistributedSamplerOptions& DistributedSampler::options() const {
-  return state_->options;
-}
+const DistributedSamplerOptions& DistributedSampler::options() const { return state_->options; }
 
-} // namespace ddp
+}  // namespace ddp

@@ -14,5 +14,5 @@ std::vector<int64_t> python_randperm(int64_t n, uint64_t seed) {
   return std::vector<int64_t>(data, data + n);
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

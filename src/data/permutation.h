@@ -20,5 +20,5 @@ namespace detail {
 /// for n from 1 to a few million (SamplerPythonTest).
 std::vector<int64_t> python_randperm(int64_t n, uint64_t seed);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -22,16 +22,18 @@ std::vector<size_t> remaining_after(std::vector<size_t> order,
     const DistributedSamplerStage& stage = stages[i];
     const int64_t replicas = stage.num_replicas;
     DDP_CHECK(replicas >= 1 && stage.positions.size() == static_cast<size_t>(replicas),
-              "DistributedSampler: earlier layout ", i, " of the epoch has num_replicas=",
-              replicas, " but ", stage.positions.size(),
+              "DistributedSampler: earlier layout ", i, " of the epoch has num_replicas=", replicas,
+              " but ", stage.positions.size(),
               " positions; expected one position per rank. The state is corrupt.");
     const size_t m = order.size();
     const size_t per = share_size(m, replicas, drop_last);
     for (int64_t r = 0; r < replicas; ++r) {
       const int64_t p = stage.positions[static_cast<size_t>(r)];
-      DDP_CHECK(p >= 0 && static_cast<size_t>(p) <= per, "DistributedSampler: in earlier "
-                "layout ", i, " of the epoch (", replicas, " ranks, ", per,
-                " samples each), rank ", r, " has position ", p, "; expected 0..", per,
+      DDP_CHECK(p >= 0 && static_cast<size_t>(p) <= per,
+                "DistributedSampler: in earlier "
+                "layout ",
+                i, " of the epoch (", replicas, " ranks, ", per, " samples each), rank ", r,
+                " has position ", p, "; expected 0..", per,
                 ". Every rank of that layout must have saved its position.");
     }
     std::vector<size_t> rest;
@@ -48,5 +50,5 @@ std::vector<size_t> remaining_after(std::vector<size_t> order,
   return order;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

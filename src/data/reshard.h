@@ -35,5 +35,5 @@ std::vector<size_t> remaining_after(std::vector<size_t> order,
                                     const std::vector<DistributedSamplerStage>& stages,
                                     bool drop_last);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

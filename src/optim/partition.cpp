@@ -63,15 +63,15 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
-} // namespace
+}  // namespace
 
 void check_same_everywhere(ProcessGroup& group, const std::vector<std::string>& description,
                            const std::string& what) {
   if (group.size() == 1) return;
   // A digest first (one small exchange); the full lists only when digests differ.
   const std::string text = join_lines(description);
-  const std::string digest = std::to_string(description.size()) + " " +
-                             std::to_string(std::hash<std::string>{}(text));
+  const std::string digest =
+      std::to_string(description.size()) + " " + std::to_string(std::hash<std::string>{}(text));
   const std::vector<std::string> digests = group.all_gather_bytes(digest);
   if (std::all_of(digests.begin(), digests.end(),
                   [&](const std::string& d) { return d == digests[0]; })) {
@@ -84,17 +84,17 @@ void check_same_everywhere(ProcessGroup& group, const std::vector<std::string>& 
     const size_t common = std::min(first.size(), theirs.size());
     for (size_t i = 0; i < common; ++i) {
       if (first[i] == theirs[i]) continue;
-      throw MismatchError(c10::str(
-          what, ": rank ", r, " has ", theirs[i], " where rank 0 has ", first[i],
-          " (seen on rank ", group.rank(), " of ", group.size(),
-          "). Every rank must pass the same parameters, in the same order and param "
-          "groups, with the same shapes and dtypes: build the model identically on every "
-          "rank before creating the optimizer."));
+      throw MismatchError(
+          c10::str(what, ": rank ", r, " has ", theirs[i], " where rank 0 has ", first[i],
+                   " (seen on rank ", group.rank(), " of ", group.size(),
+                   "). Every rank must pass the same parameters, in the same order and param "
+                   "groups, with the same shapes and dtypes: build the model identically on every "
+                   "rank before creating the optimizer."));
     }
     if (first.size() != theirs.size()) {
       throw MismatchError(c10::str(
-          what, ": rank ", r, " has ", theirs.size(), " parameter(s) but rank 0 has ",
-          first.size(), " (seen on rank ", group.rank(), " of ", group.size(), "); the first ",
+          what, ": rank ", r, " has ", theirs.size(), " parameter(s) but rank 0 has ", first.size(),
+          " (seen on rank ", group.rank(), " of ", group.size(), "); the first ",
           first.size() > theirs.size() ? "missing on rank " + std::to_string(r) + " is "
                                        : "extra on rank " + std::to_string(r) + " is ",
           first.size() > theirs.size() ? first[common] : theirs[common],
@@ -103,5 +103,5 @@ void check_same_everywhere(ProcessGroup& group, const std::vector<std::string>& 
   }
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

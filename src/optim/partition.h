@@ -32,5 +32,5 @@ std::vector<std::string> describe_parameters(
 void check_same_everywhere(ProcessGroup& group, const std::vector<std::string>& description,
                            const std::string& what);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -46,8 +46,8 @@ class ZeroCheckpointState final : public ShardedOptimizerState {
   ZeroRedundancyOptimizer& zero_;
 };
 
-} // namespace
-} // namespace detail
+}  // namespace
+}  // namespace detail
 
 Checkpoint& Checkpoint::optimizer(ZeroRedundancyOptimizer* optimizer) {
   optimizer_ = optimizer;
@@ -56,4 +56,4 @@ Checkpoint& Checkpoint::optimizer(ZeroRedundancyOptimizer* optimizer) {
   return *this;
 }
 
-} // namespace ddp
+}  // namespace ddp

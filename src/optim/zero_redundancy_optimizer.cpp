@@ -39,7 +39,8 @@ namespace {
 
 std::shared_ptr<ProcessGroup> resolve_group(const ZeroRedundancyOptimizerOptions& options) {
   if (options.process_group()) return options.process_group();
-  DDP_CHECK(is_initialized(), "ZeroRedundancyOptimizer: no process group: "
+  DDP_CHECK(is_initialized(),
+            "ZeroRedundancyOptimizer: no process group: "
             "ZeroRedundancyOptimizerOptions::process_group is not set and the default group "
             "is not initialised. Call ddp::init_process_group() first, or pass a group with "
             "ZeroRedundancyOptimizerOptions().process_group(pg).");
@@ -64,12 +65,12 @@ void pack(const std::vector<at::Tensor>& params, const at::Tensor& into) {
   }
 }
 
-} // namespace
+}  // namespace
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-    std::unique_ptr<torch::optim::OptimizerOptions> defaults,
-    detail::ShardOptimizerFactory factory, ZeroRedundancyOptimizerOptions options)
+    std::unique_ptr<torch::optim::OptimizerOptions> defaults, detail::ShardOptimizerFactory factory,
+    ZeroRedundancyOptimizerOptions options)
     : torch::optim::Optimizer(param_groups, std::move(defaults)),
       group_(resolve_group(options)),
       options_(std::move(options)),
@@ -129,8 +130,8 @@ void ZeroRedundancyOptimizer::pass_options_to_shard() {
   // param_groups() without being partitioned.
   DDP_CHECK(param_groups().size() == local_->param_groups().size(),
             "ZeroRedundancyOptimizer on rank ", group_->rank(), " was built with ",
-            local_->param_groups().size(), " param group(s) but now has ",
-            param_groups().size(), ": add_param_group after construction is not supported. "
+            local_->param_groups().size(), " param group(s) but now has ", param_groups().size(),
+            ": add_param_group after construction is not supported. "
             "Pass every param group to the constructor.");
   // param_groups() is what users and LR schedulers change (Note in the header).
   for (size_t g = 0; g < param_groups().size(); ++g) {
@@ -185,15 +186,16 @@ void ZeroRedundancyOptimizer::sync_parameters() {
 
 void ZeroRedundancyOptimizer::save(torch::serialize::OutputArchive&) const {
   DDP_CHECK(false, "ZeroRedundancyOptimizer cannot be written with torch::save: rank ",
-            group_->rank(), " holds only its shard of the state. Use ddp::save_checkpoint "
+            group_->rank(),
+            " holds only its shard of the state. Use ddp::save_checkpoint "
             "with Checkpoint::optimizer(&optimizer), which writes the whole state as an "
             "unsharded optimizer's, or consolidate_state_dict() and state_dict().");
 }
 
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive&) {
   DDP_CHECK(false, "ZeroRedundancyOptimizer cannot be read with torch::load. Use "
-            "ddp::load_checkpoint with Checkpoint::optimizer(&optimizer), or "
-            "load_state_dict() with an unsharded optimizer's state.");
+                   "ddp::load_checkpoint with Checkpoint::optimizer(&optimizer), or "
+                   "load_state_dict() with an unsharded optimizer's state.");
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -50,7 +50,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to_rank) {
 
 c10::impl::GenericDict ZeroRedundancyOptimizer::state_dict() const {
   DDP_CHECK(consolidated_.has_value(), "ZeroRedundancyOptimizer::state_dict() on rank ",
-            group_->rank(), ": the state is not consolidated on this rank (never, or a "
+            group_->rank(),
+            ": the state is not consolidated on this rank (never, or a "
             "step() came after it). Call consolidate_state_dict(to_rank) on every rank "
             "first, then state_dict() on rank to_rank.");
   return *consolidated_;
@@ -86,8 +87,9 @@ std::string to_bytes(const c10::IValue& value) {
 // length, then the bytes.
 std::string broadcast_bytes(ProcessGroup& pg, const std::string& bytes, int src) {
   const bool mine = pg.rank() == src;
-  const at::Tensor length = broadcast_host(
-      pg, at::full({1}, mine ? static_cast<int64_t>(bytes.size()) : 0, at::kLong), src);
+  const at::Tensor length =
+      broadcast_host(pg, at::full({1}, mine ? static_cast<int64_t>(bytes.size()) : 0, at::kLong),
+                     src);
   const int64_t n = length.item<int64_t>();
   if (n == 0) return std::string();
   at::Tensor host = at::empty({n}, at::kByte);
@@ -96,7 +98,7 @@ std::string broadcast_bytes(ProcessGroup& pg, const std::string& bytes, int src)
   return std::string(static_cast<const char*>(got.data_ptr()), static_cast<size_t>(n));
 }
 
-} // namespace
+}  // namespace
 
 // Note [ZeRO state exchange]
 // Each rank writes its shard's optimizer state as the wrapped optimizer's own
@@ -115,8 +117,7 @@ std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer&
   // The hyperparameters saved are param_groups()'s, which may have changed since the
   // last step passed them on.
   for (size_t g = 0; g < zero.param_groups().size(); ++g) {
-    zero.local_optimizer().param_groups()[g].set_options(
-        zero.param_groups()[g].options().clone());
+    zero.local_optimizer().param_groups()[g].set_options(zero.param_groups()[g].options().clone());
   }
   const torch::nn::Module no_names;
   const c10::impl::GenericDict local = optimizer_state_dict(zero.local_optimizer(), no_names);
@@ -138,9 +139,8 @@ std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer&
         as_dict(get(shard, "state", "a shard", where), "a shard's 'state'", where);
     for (const auto& entry : shard_state) {
       const int64_t j = entry.key().toInt();
-      TORCH_INTERNAL_ASSERT(j >= 0 && static_cast<size_t>(j) < indices[r].size(),
-                            "rank ", r, " sent state for shard parameter ", j, " of ",
-                            indices[r].size());
+      TORCH_INTERNAL_ASSERT(j >= 0 && static_cast<size_t>(j) < indices[r].size(), "rank ", r,
+                            " sent state for shard parameter ", j, " of ", indices[r].size());
       state.emplace(indices[r][static_cast<size_t>(j)], entry.value());
     }
   }
@@ -180,9 +180,9 @@ Apply prepare_zero_load(ZeroRedundancyOptimizer& zero, const torch::nn::Module& 
   const c10::impl::GenericDict state =
       as_dict(get(dict, "state", "'optimizer'", where), "optimizer['state']", where);
   const auto names_it = dict.find("param_names");
-  const c10::impl::GenericList saved_names =
-      names_it != dict.end() && names_it->value().isList() ? names_it->value().toList()
-                                                           : new_list();
+  const c10::impl::GenericList saved_names = names_it != dict.end() && names_it->value().isList()
+                                                 ? names_it->value().toList()
+                                                 : new_list();
   const auto& mine = zero.param_groups();
   DDP_CHECK(groups.size() == mine.size(), where, ": the saved optimizer has ", groups.size(),
             " param group(s), but this ZeroRedundancyOptimizer has ", mine.size(),
@@ -240,5 +240,5 @@ Apply prepare_zero_load(ZeroRedundancyOptimizer& zero, const torch::nn::Module& 
   };
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

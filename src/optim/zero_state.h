@@ -13,8 +13,8 @@
 namespace torch {
 namespace nn {
 class Module;
-} // namespace nn
-} // namespace torch
+}  // namespace nn
+}  // namespace torch
 
 namespace ddp {
 namespace detail {
@@ -22,8 +22,7 @@ namespace detail {
 /// Collective. On `to_rank`: the unsharded optimizer's state in Python's
 /// optimizer.state_dict() layout plus "type" and "param_names" (all empty: the caller
 /// knows the model); nullopt on the other ranks. Note [ZeRO state exchange].
-std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer& zero,
-                                                        int to_rank);
+std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer& zero, int to_rank);
 
 /// Checks `saved`, an unsharded optimizer's state, against `zero` (param groups,
 /// parameter counts, then this rank's shard: type, names where `model` has them, shapes)
@@ -31,5 +30,5 @@ std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer&
 Apply prepare_zero_load(ZeroRedundancyOptimizer& zero, const torch::nn::Module& model,
                         const c10::IValue& saved, const std::string& where);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 
-
 namespace ddp {
 namespace detail {
 
@@ -54,5 +53,5 @@ std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_p
   return slots;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

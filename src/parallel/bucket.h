@@ -34,10 +34,10 @@ struct BucketTiming {
 
 struct Bucket {
   at::Tensor buffer;
-  std::vector<size_t> params;      // reduced-parameter indices, in buffer order
-  std::vector<int64_t> offsets;    // element offset of each in buffer
-  std::vector<at::Tensor> views;   // see Note [Plain bucket views]
-  size_t pending = 0;              // parameters not yet ready this iteration
+  std::vector<size_t> params;                      // reduced-parameter indices, in buffer order
+  std::vector<int64_t> offsets;                    // element offset of each in buffer
+  std::vector<at::Tensor> views;                   // see Note [Plain bucket views]
+  size_t pending = 0;                              // parameters not yet ready this iteration
   c10::intrusive_ptr<c10::ivalue::Future> future;  // reduction in flight, or null
   std::shared_ptr<BucketTiming> timing = std::make_shared<BucketTiming>();
 
@@ -71,5 +71,5 @@ at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef 
 /// parameter gets a contiguous view.
 at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tensor& param);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -82,5 +82,5 @@ BucketAssignment initial_buckets(const std::vector<ParamSpec>& params, bool one_
   return out;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

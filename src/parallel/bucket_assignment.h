@@ -57,5 +57,5 @@ BucketAssignment initial_buckets(const std::vector<ParamSpec>& params, bool one_
 /// n-1, ..., 1, 0.
 std::vector<size_t> reverse_order(size_t n);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -18,5 +18,5 @@ int64_t trace_us(int64_t steady_ns) {
   return steady_ns / 1000 + offset_us;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

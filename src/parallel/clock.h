@@ -16,5 +16,5 @@ int64_t trace_us(int64_t steady_ns);
 
 inline int64_t trace_now_us() { return trace_us(steady_now_ns()); }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

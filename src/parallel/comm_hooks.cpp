@@ -69,7 +69,7 @@ c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
       c10::TensorType::get());
 }
 
-} // namespace
+}  // namespace
 
 std::shared_ptr<CommHook> make_comm_hook(CommHookFn fn, std::string name) {
   DDP_CHECK(fn, "make_comm_hook got an empty function");
@@ -89,9 +89,7 @@ std::shared_ptr<CommHook> allreduce_hook() {
 
 std::shared_ptr<CommHook> fp16_compress_hook() {
   return make_comm_hook(
-      [](GradBucket& bucket) {
-        return compressed_allreduce(bucket, at::kHalf, std::nullopt);
-      },
+      [](GradBucket& bucket) { return compressed_allreduce(bucket, at::kHalf, std::nullopt); },
       "fp16_compress");
 }
 
@@ -106,5 +104,5 @@ std::shared_ptr<CommHook> bf16_compress_hook() {
       "bf16_compress");
 }
 
-} // namespace comm_hooks
-} // namespace ddp
+}  // namespace comm_hooks
+}  // namespace ddp

@@ -48,7 +48,8 @@ namespace {
 
 std::shared_ptr<ProcessGroup> resolve_group(const DistributedDataParallelOptions& options) {
   if (options.process_group()) return options.process_group();
-  DDP_CHECK(is_initialized(), "DistributedDataParallel needs a process group, but the "
+  DDP_CHECK(is_initialized(),
+            "DistributedDataParallel needs a process group, but the "
             "default one is not initialised and DistributedDataParallelOptions::"
             "process_group is not set. Call ddp::init_process_group() (or create a "
             "ddp::ProcessGroupGuard) before constructing DistributedDataParallel, or pass "
@@ -60,14 +61,15 @@ void validate(const DistributedDataParallelOptions& o, int rank) {
   DDP_CHECK(std::isfinite(o.bucket_cap_mb()) && o.bucket_cap_mb() > 0,
             "DistributedDataParallelOptions::bucket_cap_mb must be > 0, but got ",
             o.bucket_cap_mb(), " (rank ", rank, ")");
-  DDP_CHECK(o.device_ids().size() <= 1, "DistributedDataParallelOptions::device_ids must "
-            "name at most one device (this process's), but got ", o.device_ids().size(),
-            " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank,
+  DDP_CHECK(o.device_ids().size() <= 1,
+            "DistributedDataParallelOptions::device_ids must "
+            "name at most one device (this process's), but got ",
+            o.device_ids().size(), " entries: ", at::IntArrayRef(o.device_ids()), " (rank ", rank,
             "). DDP drives one device per process: pass {local_rank}, or leave it empty for "
             "a CPU module.");
   for (int64_t id : o.device_ids()) {
-    DDP_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ",
-              id, " (rank ", rank, ")");
+    DDP_CHECK(id >= 0, "DistributedDataParallelOptions::device_ids must be >= 0, but got ", id,
+              " (rank ", rank, ")");
   }
 }
 
@@ -75,9 +77,11 @@ void check_device(const DistributedDataParallelOptions& o, const std::string& na
                   const at::Tensor& p, int rank) {
   if (o.device_ids().empty()) return;
   const int64_t id = o.device_ids()[0];
-  DDP_CHECK(!p.device().is_cpu() && p.device().index() == id, "DistributedDataParallel "
-            "on rank ", rank, ": device_ids is {", id, "}, but parameter '", name,
-            "' is on ", p.device(), ". DDP does not move the module: move it first "
+  DDP_CHECK(!p.device().is_cpu() && p.device().index() == id,
+            "DistributedDataParallel "
+            "on rank ",
+            rank, ": device_ids is {", id, "}, but parameter '", name, "' is on ", p.device(),
+            ". DDP does not move the module: move it first "
             "(model->to(device)), or leave device_ids empty for a CPU module.");
 }
 
@@ -116,10 +120,10 @@ std::string format_double(double v) {
   return os.str();
 }
 
-} // namespace
+}  // namespace
 
-DistributedDataParallelBase::DistributedDataParallelBase(
-    std::shared_ptr<torch::nn::Module> module, DistributedDataParallelOptions options)
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         DistributedDataParallelOptions options)
     : torch::nn::Module("DistributedDataParallel"), state_(std::make_unique<State>()) {
   State& s = *state_;
   s.pg = resolve_group(options);
@@ -155,19 +159,21 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     s.buffers.push_back(item.value());
   }
   const auto& o = s.options;
-  description.options = {
-      {"bucket_cap_mb", format_double(o.bucket_cap_mb())},
-      {"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"},
-      {"find_unused_parameters", o.find_unused_parameters() ? "true" : "false"},
-      {"gradient_as_bucket_view", o.gradient_as_bucket_view() ? "true" : "false"},
-      {"static_graph", o.static_graph() ? "true" : "false"}};
+  description.options = {{"bucket_cap_mb", format_double(o.bucket_cap_mb())},
+                         {"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"},
+                         {"find_unused_parameters", o.find_unused_parameters() ? "true" : "false"},
+                         {"gradient_as_bucket_view",
+                          o.gradient_as_bucket_view() ? "true" : "false"},
+                         {"static_graph", o.static_graph() ? "true" : "false"}};
 
   detail::verify_model_across_ranks(*s.pg, description);
   s.named_parameters = description.parameters;
   s.debug = detail::comm_of(*s.pg).config().debug_detail && s.pg->size() > 1;
   s.debug_check_every = detail::comm_of(*s.pg).config().debug_check_every;
-  DDP_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank, ": the wrapped "
-            "module has no parameters that require grad (", description.parameters.size(),
+  DDP_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank,
+            ": the wrapped "
+            "module has no parameters that require grad (",
+            description.parameters.size(),
             " parameters, all frozen or none at all), so there is nothing to average. "
             "Train it without DDP, or set requires_grad(true) on the parameters to train.");
   // Everyone starts from rank 0's weights and buffers.
@@ -175,8 +181,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   s.state_tensors = std::move(state_tensors);
 
   if (!o.trace_path().empty()) {
-    s.trace = std::make_shared<detail::TraceWriter>(
-        detail::trace_file_for_rank(o.trace_path(), rank), rank);
+    s.trace =
+        std::make_shared<detail::TraceWriter>(detail::trace_file_for_rank(o.trace_path(), rank),
+                                              rank);
     s.trace->name_track(detail::kMainTrack, "ddp");
     s.trace->name_track(detail::kUserTrack, "user");
     s.trace->flush();
@@ -271,8 +278,8 @@ ProcessGroup& DistributedDataParallelBase::join_process_group() const { return *
 void DistributedDataParallelBase::join_enter(std::shared_ptr<detail::JoinContext> context,
                                              bool notifier) {
   State& s = *state_;
-  DDP_CHECK(!s.join, "DistributedDataParallel on rank ", s.pg->rank(), " of ",
-            s.pg->size(), ": this model is already inside a ddp::join; joins do not nest.");
+  DDP_CHECK(!s.join, "DistributedDataParallel on rank ", s.pg->rank(), " of ", s.pg->size(),
+            ": this model is already inside a ddp::join; joins do not nest.");
   // A second model's forwards are not announced, and its buckets interleave with the
   // first one's in backward in an order a joined rank cannot reproduce.
   DDP_CHECK(notifier, "DistributedDataParallel on rank ", s.pg->rank(), " of ", s.pg->size(),
@@ -328,4 +335,4 @@ NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& model) : model_(&model) {
 
 NoSyncGuard::~NoSyncGuard() { model_->state_->reducer->exit_no_sync(); }
 
-} // namespace ddp
+}  // namespace ddp

@@ -15,10 +15,11 @@ GradHooks::GradHooks(const std::vector<at::Tensor>& params, OnReady on_ready) {
   keys_.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-    TORCH_INTERNAL_ASSERT(acc, "parameter ", i, " has no gradient accumulator (not a leaf "
+    TORCH_INTERNAL_ASSERT(acc, "parameter ", i,
+                          " has no gradient accumulator (not a leaf "
                           "that requires grad; DistributedDataParallel checks this first)");
-    const uintptr_t key = acc->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+    const uintptr_t key =
+        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [shared, i](const variable_list& outputs, const variable_list& /*inputs*/) {
               (*shared)(i);
               return outputs;
@@ -29,8 +30,7 @@ GradHooks::GradHooks(const std::vector<at::Tensor>& params, OnReady on_ready) {
 }
 
 bool GradHooks::hooked(const at::Tensor& param, size_t i) const {
-  return torch::autograd::impl::try_get_grad_accumulator(param).get() ==
-         accumulators_[i].get();
+  return torch::autograd::impl::try_get_grad_accumulator(param).get() == accumulators_[i].get();
 }
 
 namespace {
@@ -39,8 +39,7 @@ class OutputPreHook final : public torch::autograd::FunctionPreHook {
  public:
   OutputPreHook(std::weak_ptr<OutputListener> listener, uint64_t forward_id)
       : listener_(std::move(listener)), forward_id_(forward_id) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& grads) override {
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
     if (auto listener = listener_.lock()) listener->on_output_grad(forward_id_);
     return grads;
   }
@@ -50,7 +49,7 @@ class OutputPreHook final : public torch::autograd::FunctionPreHook {
   uint64_t forward_id_;
 };
 
-} // namespace
+}  // namespace
 
 void hook_output_nodes(const std::vector<at::Tensor>& outputs,
                        const std::weak_ptr<OutputListener>& listener, uint64_t forward_id) {
@@ -67,5 +66,5 @@ GradHooks::~GradHooks() {
   }
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -22,8 +22,8 @@
 namespace torch {
 namespace autograd {
 struct Node;
-} // namespace autograd
-} // namespace torch
+}  // namespace autograd
+}  // namespace torch
 
 namespace ddp {
 namespace detail {
@@ -41,9 +41,7 @@ class GradHooks {
   GradHooks& operator=(const GradHooks&) = delete;
 
   /// accumulators()[i] is params[i]'s AccumulateGrad node.
-  const std::vector<NodePtr>& accumulators() const {
-    return accumulators_;
-  }
+  const std::vector<NodePtr>& accumulators() const { return accumulators_; }
 
   /// Whether params[i] still uses the accumulator hooked here. Changing a parameter's
   /// dtype or device (module->to(...), set_data) gives it a new accumulator, and the
@@ -66,7 +64,7 @@ class OutputListener {
 /// `outputs` that has one, i.e. when backward first reaches them (a listener that no
 /// longer exists is skipped).
 void hook_output_nodes(const std::vector<at::Tensor>& outputs,
-                         const std::weak_ptr<OutputListener>& listener, uint64_t forward_id);
+                       const std::weak_ptr<OutputListener>& listener, uint64_t forward_id);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -9,9 +9,8 @@
 namespace ddp {
 namespace detail {
 
-std::vector<bool> reached_accumulators(
-    const std::vector<at::Tensor>& outputs,
-    const std::vector<NodePtr>& accumulators) {
+std::vector<bool> reached_accumulators(const std::vector<at::Tensor>& outputs,
+                                       const std::vector<NodePtr>& accumulators) {
   using torch::autograd::Node;
   std::unordered_map<const Node*, size_t> index_of;
   for (size_t i = 0; i < accumulators.size(); ++i) index_of[accumulators[i].get()] = i;
@@ -40,5 +39,5 @@ std::vector<bool> reached_accumulators(
   return reached;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -25,10 +25,9 @@ std::string where(const ProcessGroup& pg) {
   return "on rank " + std::to_string(pg.rank()) + " of " + std::to_string(pg.size());
 }
 
-} // namespace
+}  // namespace
 
-JoinContext::JoinContext(ProcessGroup& pg, JoinOptions options)
-    : pg_(pg), options_(options) {}
+JoinContext::JoinContext(ProcessGroup& pg, JoinOptions options) : pg_(pg), options_(options) {}
 
 // See Note [Join rounds].
 JoinRound JoinContext::exchange(bool active, bool sync, bool threw) {
@@ -55,16 +54,18 @@ JoinRound JoinContext::exchange(bool active, bool sync, bool threw) {
     throw EarlyTerminationError(
         "ddp::join " + where(pg_) + ": rank(s) " + rank_list(threw_ranks) +
         " ran out of inputs while rank(s) " + rank_list(round.active_ranks) +
-        " still had some (round " + std::to_string(rounds_) + "). With "
+        " still had some (round " + std::to_string(rounds_) +
+        "). With "
         "JoinOptions::throw_on_early_termination every rank raises here; use the default "
         "(false) to let the ranks that ran out shadow the others instead.");
   }
   if (!synced.empty() && !unsynced.empty()) {
-    throw MismatchError(
-        "ddp::join " + where(pg_) + ": in round " + std::to_string(rounds_) + ", rank(s) " +
-        rank_list(synced) + " ran a forward whose backward is reduced while rank(s) " +
-        rank_list(unsynced) + " ran one under no_sync(). Every rank still training must "
-        "use no_sync() for the same forwards.");
+    throw MismatchError("ddp::join " + where(pg_) + ": in round " + std::to_string(rounds_) +
+                        ", rank(s) " + rank_list(synced) +
+                        " ran a forward whose backward is reduced while rank(s) " +
+                        rank_list(unsynced) +
+                        " ran one under no_sync(). Every rank still training must "
+                        "use no_sync() for the same forwards.");
   }
   round.sync = !synced.empty();
   return round;
@@ -83,12 +84,12 @@ int JoinContext::final_source(bool last_joiner) {
   return static_cast<int>(src);
 }
 
-} // namespace detail
+}  // namespace detail
 
 void join(const std::vector<Joinable*>& participants, const std::function<void()>& body,
           const JoinOptions& options) {
   DDP_CHECK(!participants.empty(), "ddp::join needs at least one participant (a "
-            "DistributedDataParallel model), but got none.");
+                                   "DistributedDataParallel model), but got none.");
   for (size_t i = 0; i < participants.size(); ++i) {
     DDP_CHECK(participants[i] != nullptr, "ddp::join: participant #", i, " is null.");
   }
@@ -99,8 +100,9 @@ void join(const std::vector<Joinable*>& participants, const std::function<void()
   }
   ProcessGroup& pg = participants[0]->join_process_group();
   for (size_t i = 1; i < participants.size(); ++i) {
-    DDP_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ",
-              detail::where(pg), ": participant #", i, " runs on another process group "
+    DDP_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ", detail::where(pg),
+              ": participant #", i,
+              " runs on another process group "
               "than participant #0; all participants of one join must share a group.");
   }
 
@@ -131,4 +133,4 @@ void join(const std::vector<Joinable*>& participants, const std::function<void()
   for (Joinable* p : participants) p->join_finish(src);
 }
 
-} // namespace ddp
+}  // namespace ddp

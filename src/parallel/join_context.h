@@ -49,5 +49,5 @@ class JoinContext {
   int64_t rounds_ = 0;
 };
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -65,13 +65,13 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
-} // namespace
+}  // namespace
 
 std::string describe_model(const ModelDescription& model) {
   std::ostringstream os;
   for (const auto& p : model.parameters) {
-    os << "parameter\t" << p.first << '\t' << p.second.scalar_type() << '\t'
-       << shape_of(p.second) << '\t' << (p.second.requires_grad() ? "1" : "0") << '\n';
+    os << "parameter\t" << p.first << '\t' << p.second.scalar_type() << '\t' << shape_of(p.second)
+       << '\t' << (p.second.requires_grad() ? "1" : "0") << '\n';
   }
   for (const auto& b : model.buffers) {
     os << "buffer\t" << b.first << '\t' << b.second.scalar_type() << '\t' << shape_of(b.second)
@@ -130,9 +130,9 @@ std::string compare_descriptions(const std::vector<std::string>& per_rank) {
     } else {
       const bool rank0_longer = first < ref.size();
       const auto& longer = rank0_longer ? ref : e;
-      msg << "rank 0 has " << ref.size() << " " << kind << "s, rank " << r << " has "
-          << e.size() << "; " << longer[first].what() << " exists only on rank "
-          << (rank0_longer ? 0 : r) << ".";
+      msg << "rank 0 has " << ref.size() << " " << kind << "s, rank " << r << " has " << e.size()
+          << "; " << longer[first].what() << " exists only on rank " << (rank0_longer ? 0 : r)
+          << ".";
     }
     msg << " Build the same model (same architecture and constructor arguments) with the "
            "same DDP options on every rank before wrapping it.";
@@ -153,7 +153,8 @@ void verify_model_across_ranks(ProcessGroup& pg, const ModelDescription& model) 
         " ms for every rank to describe its model at construction, and not all did. Every "
         "rank must construct DistributedDataParallel at the same point (it is a "
         "collective); check that no rank failed or skipped it, or raise the process "
-        "group's timeout. Cause: " + std::string(e.what()));
+        "group's timeout. Cause: " +
+        std::string(e.what()));
   }
   const std::string problem = compare_descriptions(all);
   if (!problem.empty()) {
@@ -183,8 +184,8 @@ void verify_parameters_agree(ProcessGroup& pg,
       os.precision(17);
       os << "DistributedDataParallel on rank " << pg.rank() << " of " << pg.size()
          << " (DDP_DEBUG=detail): before iteration " << iteration << ", parameter '"
-         << parameters[i].first << "' has diverged: its checksum is " << mine << " on rank "
-         << r << " but " << ref << " on rank 0. The replicas no longer hold the same "
+         << parameters[i].first << "' has diverged: its checksum is " << mine << " on rank " << r
+         << " but " << ref << " on rank 0. The replicas no longer hold the same "
          << "weights: a rank changed them outside the optimizer step, or ranks step "
          << "different optimizers.";
       throw MismatchError(os.str());
@@ -192,5 +193,5 @@ void verify_parameters_agree(ProcessGroup& pg,
   }
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -41,5 +41,5 @@ std::string describe_model(const ModelDescription& model);
 /// Compares descriptions (index = rank); returns "" when all agree, else the message.
 std::string compare_descriptions(const std::vector<std::string>& per_rank);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -35,7 +35,7 @@ void broadcast_chunk(ProcessGroup& pg, const std::vector<at::Tensor>& chunk, int
   }
 }
 
-} // namespace
+}  // namespace
 
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int src,
                          size_t chunk_bytes) {
@@ -50,9 +50,9 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   };
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
-    if (!chunk.empty() && (chunk.front().scalar_type() != t.scalar_type() ||
-                           chunk.front().device() != t.device() ||
-                           bytes + t.nbytes() > chunk_bytes)) {
+    if (!chunk.empty() &&
+        (chunk.front().scalar_type() != t.scalar_type() || chunk.front().device() != t.device() ||
+         bytes + t.nbytes() > chunk_bytes)) {
       flush();
     }
     chunk.push_back(t);
@@ -61,5 +61,5 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   flush();
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

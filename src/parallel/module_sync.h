@@ -23,5 +23,5 @@ constexpr size_t kBroadcastChunkBytes = 250u * 1024 * 1024;
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int src,
                          size_t chunk_bytes = kBroadcastChunkBytes);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

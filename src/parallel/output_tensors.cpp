@@ -19,5 +19,5 @@ void collect_ivalue_tensors(const c10::IValue& value, std::vector<at::Tensor>& o
   }
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -15,17 +15,16 @@ namespace detail {
 
 std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params,
                                          std::vector<std::string> names,
-                                         std::shared_ptr<ProcessGroup> pg,
-                                         ReducerOptions options,
+                                         std::shared_ptr<ProcessGroup> pg, ReducerOptions options,
                                          std::shared_ptr<TraceWriter> trace) {
-  std::shared_ptr<Reducer> reducer(new Reducer(std::move(params), std::move(names),
-                                               std::move(pg), options, std::move(trace)));
+  std::shared_ptr<Reducer> reducer(
+      new Reducer(std::move(params), std::move(names), std::move(pg), options, std::move(trace)));
   // The output pre-hooks hold a weak_ptr to the reducer, which exists only now. The
   // gradient hooks hold a plain pointer: ~Reducer removes them before anything else goes.
   reducer->self_ = reducer;
   Reducer* self = reducer.get();
-  reducer->hooks_ = std::make_unique<GradHooks>(
-      reducer->params_, [self](size_t i) { self->on_grad_ready(i); });
+  reducer->hooks_ =
+      std::make_unique<GradHooks>(reducer->params_, [self](size_t i) { self->on_grad_ready(i); });
   return reducer;
 }
 
@@ -91,8 +90,7 @@ bool Reducer::before_forward() {
   check_parameters_unchanged();
   if (!at::GradMode::is_enabled()) return false;
   return no_sync_depth_ == 0 &&
-         ((options_.find_unused_parameters && !options_.static_graph) ||
-          static_first_iteration());
+         ((options_.find_unused_parameters && !options_.static_graph) || static_first_iteration());
 }
 
 void Reducer::check_parameters_unchanged() const {
@@ -135,8 +133,8 @@ void Reducer::maybe_rebuild_buckets() {
   const int64_t* data = agreed_host.data_ptr<int64_t>();
   std::vector<size_t> agreed(n);
   for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(data[k]);
-  install_buckets(assign_buckets(specs_, agreed, options_.first_bucket_cap_bytes,
-                                 options_.bucket_cap_bytes));
+  install_buckets(
+      assign_buckets(specs_, agreed, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
   if (comm_of(*pg_).config().debug_detail) check_buckets_agree();
 }
 
@@ -265,8 +263,9 @@ void Reducer::mark_ready(size_t index) {
   Bucket& bucket = buckets_[slot.bucket];
   const at::Tensor& grad = params_[index].grad();
   DDP_CHECK(!grad.defined() || !grad.is_sparse(), "DistributedDataParallel", where(),
-              ": parameter '", names_[index], "' has a sparse gradient, which DDP does not "
-              "reduce. Use a dense gradient (e.g. Embedding without sparse=true).");
+            ": parameter '", names_[index],
+            "' has a sparse gradient, which DDP does not "
+            "reduce. Use a dense gradient (e.g. Embedding without sparse=true).");
   if (!local()) {
     at::Tensor& view = bucket.views[slot.index];
     at::NoGradGuard no_grad;
@@ -324,12 +323,13 @@ c10::intrusive_ptr<c10::ivalue::Future> Reducer::reduce_async(size_t b, at::Tens
     std::vector<at::Tensor> params;
     params.reserve(bucket.params.size());
     for (size_t i : bucket.params) params.push_back(params_[i]);
-    GradBucket grad_bucket(b, buckets_.size(), std::move(buffer), std::move(params),
-                           bucket.offsets, *pg_);
+    GradBucket grad_bucket(b, buckets_.size(), std::move(buffer), std::move(params), bucket.offsets,
+                           *pg_);
     future = comm_hook_->run_hook(grad_bucket);
   }
   DDP_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
-            "' returned a null future for bucket ", b, "; a hook must return the future "
+            "' returned a null future for bucket ", b,
+            "; a hook must return the future "
             "of its reduction.");
   return future;
 }
@@ -340,12 +340,18 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
   DDP_CHECK(hook, "register_comm_hook got a null hook");
   std::lock_guard<std::mutex> lock(mutex_);
   DDP_CHECK(!custom_hook_, "DistributedDataParallel", where(), ": a comm hook ('",
-            comm_hook_->name(), "') is already registered; register_comm_hook can be "
+            comm_hook_->name(),
+            "') is already registered; register_comm_hook can be "
             "called only once, before the first backward.");
   DDP_CHECK(num_reduced_ == 0 && iter_.phase != Phase::kReducing, "DistributedDataParallel",
-            where(), ": register_comm_hook('", hook->name(), "') must be called before "
-            "the first backward, but ", num_reduced_, " iteration(s) were already reduced "
-            "with '", comm_hook_->name(), "'. Register the hook right after constructing "
+            where(), ": register_comm_hook('", hook->name(),
+            "') must be called before "
+            "the first backward, but ",
+            num_reduced_,
+            " iteration(s) were already reduced "
+            "with '",
+            comm_hook_->name(),
+            "'. Register the hook right after constructing "
             "DDP, on every rank.");
   const bool was_local = local();
   comm_hook_ = std::move(hook);
@@ -364,5 +370,5 @@ IterationStats Reducer::last_stats() const {
   return last_stats_;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

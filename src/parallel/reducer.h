@@ -89,8 +89,7 @@ class Reducer final : public OutputListener {
   /// params: leaves that require grad, each once; names: theirs, for messages.
   static std::shared_ptr<Reducer> create(std::vector<at::Tensor> params,
                                          std::vector<std::string> names,
-                                         std::shared_ptr<ProcessGroup> pg,
-                                         ReducerOptions options,
+                                         std::shared_ptr<ProcessGroup> pg, ReducerOptions options,
                                          std::shared_ptr<TraceWriter> trace);
   ~Reducer();
 
@@ -139,15 +138,15 @@ class Reducer final : public OutputListener {
   /// Everything that lives for one iteration, reset as one (reset_iteration).
   struct Iteration {
     Phase phase = Phase::kIdle;
-    uint64_t forward_id = 0;         // which synced forward armed it (output pre-hooks)
-    bool callback_queued = false;    // finalize_backward is queued on the engine
+    uint64_t forward_id = 0;       // which synced forward armed it (output pre-hooks)
+    bool callback_queued = false;  // finalize_backward is queued on the engine
     std::vector<bool> ready;
     std::vector<bool> unused;        // marked ready with zero contribution
     std::vector<bool> locally_used;  // a defined gradient arrived (also under no_sync)
     std::vector<int> hook_calls;     // static_graph: gradient arrivals per parameter
     size_t next_bucket = 0;
     size_t num_ready = 0;
-    bool raised = false;             // a gradient hook of this backward threw
+    bool raised = false;  // a gradient hook of this backward threw
     int64_t forward_end_ns = 0;
   };
 
@@ -189,8 +188,8 @@ class Reducer final : public OutputListener {
   void end_reduced_iteration(const std::vector<int>& use);
   void write_back(const Bucket& bucket, const std::vector<int>& global_use);
   void reset_iteration();
-  void record_trace(const IterationStats& stats, int64_t forward_end_ns,
-                    int64_t finalize_start_ns, int64_t wait_start_ns, int64_t wait_end_ns);
+  void record_trace(const IterationStats& stats, int64_t forward_end_ns, int64_t finalize_start_ns,
+                    int64_t wait_start_ns, int64_t wait_end_ns);
 
   // reducer_errors.cpp
   std::string where() const;
@@ -240,9 +239,9 @@ class Reducer final : public OutputListener {
   int64_t num_reduced_ = 0;
   std::vector<int> expected_calls_;  // static_graph: from the first iteration
   std::vector<int> static_global_use_;
-  std::string failure_;              // kFailed: what failed
+  std::string failure_;  // kFailed: what failed
   IterationStats last_stats_;
 };
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

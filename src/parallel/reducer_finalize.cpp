@@ -35,7 +35,7 @@ at::Tensor hook_result(const c10::IValue& value) {
   return at::Tensor();
 }
 
-} // namespace
+}  // namespace
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -141,11 +141,13 @@ at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
   const Bucket& bucket = buckets_[b];
   if (future.hasError()) {
     const std::string cause = future.tryRetrieveErrorMessage();
-    const std::string text = "DistributedDataParallel" + where() + ": the reduction of "
-                             "bucket " + std::to_string(b) + " (" +
-                             std::to_string(bucket.params.size()) + " parameters, " +
-                             std::to_string(bucket.bytes()) + " bytes, comm hook '" +
-                             comm_hook_->name() + "') failed. Cause: " + cause;
+    const std::string text = "DistributedDataParallel" + where() +
+                             ": the reduction of "
+                             "bucket " +
+                             std::to_string(b) + " (" + std::to_string(bucket.params.size()) +
+                             " parameters, " + std::to_string(bucket.bytes()) +
+                             " bytes, comm hook '" + comm_hook_->name() +
+                             "') failed. Cause: " + cause;
     // Every later use of this model reports this (fail_failed): the group is broken.
     iter_.phase = Phase::kFailed;
     failure_ = text;
@@ -158,13 +160,13 @@ at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
                                  : text + ". The process group is broken; recreate it.");
   }
   at::Tensor result = hook_result(future.value());
-  DDP_CHECK(result.defined() && result.numel() == bucket.buffer.numel(),
-              "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
-              "' completed bucket ", b, " with ",
-              result.defined() ? std::to_string(result.numel()) + " elements"
-                               : std::string("no tensor"),
-              ", but the bucket has ", bucket.buffer.numel(), ". A hook's future must "
-              "yield the reduced flat buffer (a Tensor or a list holding one).");
+  DDP_CHECK(result.defined() && result.numel() == bucket.buffer.numel(), "DistributedDataParallel",
+            where(), ": comm hook '", comm_hook_->name(), "' completed bucket ", b, " with ",
+            result.defined() ? std::to_string(result.numel()) + " elements"
+                             : std::string("no tensor"),
+            ", but the bucket has ", bucket.buffer.numel(),
+            ". A hook's future must "
+            "yield the reduced flat buffer (a Tensor or a list holding one).");
   return result;
 }
 
@@ -204,15 +206,13 @@ void Reducer::reset_iteration() {
 }
 
 void Reducer::record_trace(const IterationStats& stats, int64_t forward_end_ns,
-                           int64_t finalize_start_ns, int64_t wait_start_ns,
-                           int64_t wait_end_ns) {
+                           int64_t finalize_start_ns, int64_t wait_start_ns, int64_t wait_end_ns) {
   const std::string iter = "\"iteration\":" + std::to_string(stats.iteration);
-  trace_->complete("backward", kMainTrack, trace_us(forward_end_ns),
-                   (finalize_start_ns - forward_end_ns) / 1000,
-                   iter + ",\"buckets_launched_before_end\":" +
-                       std::to_string(stats.buckets_launched_before_end) +
-                       ",\"buckets_done_before_end\":" +
-                       std::to_string(stats.buckets_done_before_end));
+  trace_->complete(
+      "backward", kMainTrack, trace_us(forward_end_ns), (finalize_start_ns - forward_end_ns) / 1000,
+      iter +
+          ",\"buckets_launched_before_end\":" + std::to_string(stats.buckets_launched_before_end) +
+          ",\"buckets_done_before_end\":" + std::to_string(stats.buckets_done_before_end));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
     trace_->name_track(kBucketTrack + static_cast<int>(b), "bucket " + std::to_string(b));
@@ -221,15 +221,15 @@ void Reducer::record_trace(const IterationStats& stats, int64_t forward_end_ns,
     const int64_t done = bucket.timing->done_ns.load();
     trace_->complete("all_reduce", kBucketTrack + static_cast<int>(b), trace_us(launch),
                      ((done != 0 ? done : wait_end_ns) - launch) / 1000,
-                     iter + ",\"bucket\":" + std::to_string(b) + ",\"bytes\":" +
-                         std::to_string(bucket.bytes()) + ",\"parameters\":" +
-                         std::to_string(bucket.params.size()) + ",\"hook\":" +
-                         json_quote(comm_hook_->name()));
+                     iter + ",\"bucket\":" + std::to_string(b) +
+                         ",\"bytes\":" + std::to_string(bucket.bytes()) +
+                         ",\"parameters\":" + std::to_string(bucket.params.size()) +
+                         ",\"hook\":" + json_quote(comm_hook_->name()));
   }
   trace_->complete("backward.wait", kMainTrack, trace_us(wait_start_ns),
                    (wait_end_ns - wait_start_ns) / 1000, iter);
   trace_->flush();
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

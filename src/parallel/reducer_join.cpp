@@ -16,7 +16,8 @@ bool Reducer::join_forward_syncs() {
   // comes (or hide one), and the ranks would issue different collectives.
   DDP_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
             ": inside ddp::join, a forward whose backward is reduced must be followed by "
-            "that backward before the next forward, but forward #", forwards_,
+            "that backward before the next forward, but forward #",
+            forwards_,
             " has not been backwarded yet. Call backward on its loss first, or run the "
             "extra forward without gradients (torch::NoGradGuard).");
   return no_sync_depth_ == 0;
@@ -38,8 +39,8 @@ void Reducer::begin_shadowing() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable();
   DDP_CHECK(iter_.phase != Phase::kArmed, "DistributedDataParallel", where(),
-            ": the body of ddp::join ended after a forward whose backward is reduced (#",
-            forwards_, ") but before that backward; the other ranks would wait for its "
+            ": the body of ddp::join ended after a forward whose backward is reduced (#", forwards_,
+            ") but before that backward; the other ranks would wait for its "
             "gradients. Run backward on every such forward inside the body.");
   // Gradients accumulated under no_sync stay in .grad(); only the bookkeeping of what
   // this rank used goes, so that the shadowed iterations count it as contributing zeros.
@@ -71,5 +72,5 @@ void Reducer::shadow_reduction() {
   end_reduced_iteration(use);
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

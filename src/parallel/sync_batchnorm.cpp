@@ -21,8 +21,7 @@
 
 namespace ddp {
 
-SyncBatchNormOptions::SyncBatchNormOptions(int64_t num_features)
-    : num_features_(num_features) {}
+SyncBatchNormOptions::SyncBatchNormOptions(int64_t num_features) : num_features_(num_features) {}
 
 SyncBatchNormImpl::SyncBatchNormImpl(SyncBatchNormOptions options_)
     : SyncBatchNormImpl(std::move(options_), SharedState()) {}
@@ -33,9 +32,10 @@ SyncBatchNormImpl::SyncBatchNormImpl(SyncBatchNormOptions options_, SharedState 
             options.num_features());
   DDP_CHECK(options.eps() >= 0, "SyncBatchNorm: eps must be >= 0, but got ", options.eps());
   DDP_CHECK(!options.momentum().has_value() ||
-                  (*options.momentum() >= 0 && *options.momentum() <= 1),
+                (*options.momentum() >= 0 && *options.momentum() <= 1),
             "SyncBatchNorm: momentum must be in [0, 1] or nullopt (cumulative average), "
-            "but got ", options.momentum().value_or(0));
+            "but got ",
+            options.momentum().value_or(0));
   const bool adopt = state.weight.defined() || state.running_mean.defined();
   if (adopt) adopted_ = std::make_shared<SharedState>(std::move(state));
   reset();
@@ -60,8 +60,7 @@ void SyncBatchNormImpl::reset() {
   // An adopted parameter keeps its requires_grad (a frozen layer stays frozen).
   weight = register_parameter("weight", s.weight,
                               s.weight.defined() && (fresh || s.weight.requires_grad()));
-  bias = register_parameter("bias", s.bias,
-                            s.bias.defined() && (fresh || s.bias.requires_grad()));
+  bias = register_parameter("bias", s.bias, s.bias.defined() && (fresh || s.bias.requires_grad()));
   running_mean = register_buffer("running_mean", s.running_mean);
   running_var = register_buffer("running_var", s.running_var);
   num_batches_tracked = register_buffer("num_batches_tracked", s.num_batches_tracked);
@@ -110,8 +109,9 @@ void SyncBatchNormImpl::check_channels_once(const std::shared_ptr<ProcessGroup>&
   const bool same_group = !checked_group_.expired() && !checked_group_.owner_before(group) &&
                           !group.owner_before(checked_group_);
   if (same_group) return;
-  const at::Tensor all = detail::all_gather_host(
-      *group, at::full({1}, options.num_features(), at::TensorOptions().dtype(at::kLong)));
+  const at::Tensor all =
+      detail::all_gather_host(*group, at::full({1}, options.num_features(),
+                                               at::TensorOptions().dtype(at::kLong)));
   const int64_t* channels = all.data_ptr<int64_t>();
   bool agree = true;
   std::ostringstream seen;
@@ -122,8 +122,11 @@ void SyncBatchNormImpl::check_channels_once(const std::shared_ptr<ProcessGroup>&
   if (!agree) {
     throw MismatchError(
         "SyncBatchNorm on rank " + std::to_string(group->rank()) + " of " +
-        std::to_string(group->size()) + ": the ranks' layers have different numbers of "
-        "channels (num_features): " + seen.str() + ". Every rank must build the same "
+        std::to_string(group->size()) +
+        ": the ranks' layers have different numbers of "
+        "channels (num_features): " +
+        seen.str() +
+        ". Every rank must build the same "
         "model; the batch statistics of different channel counts cannot be combined.");
   }
   checked_group_ = group;
@@ -134,12 +137,15 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const std::string where = group ? " (rank " + std::to_string(group->rank()) + " of " +
                                         std::to_string(group->size()) + ")"
                                   : std::string();
-  DDP_CHECK(input.dim() >= 2, "SyncBatchNorm", where, " expected an input of shape "
-            "(N, C, ...) with at least 2 dimensions, but got ", input.dim(),
-            "-D input of shape ", input.sizes());
+  DDP_CHECK(input.dim() >= 2, "SyncBatchNorm", where,
+            " expected an input of shape "
+            "(N, C, ...) with at least 2 dimensions, but got ",
+            input.dim(), "-D input of shape ", input.sizes());
   DDP_CHECK(input.size(1) == options.num_features(), "SyncBatchNorm", where, " expected ",
-            options.num_features(), " channels (num_features) in dimension 1 of its "
-            "input, but got ", input.size(1), " (input shape ", input.sizes(), ")");
+            options.num_features(),
+            " channels (num_features) in dimension 1 of its "
+            "input, but got ",
+            input.size(1), " (input shape ", input.sizes(), ")");
 
   // Running-statistics bookkeeping exactly as torch::nn::BatchNorm does it.
   double factor = options.momentum().value_or(0.0);
@@ -151,16 +157,15 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   }
 
   if (!group) {
-    return torch::nn::functional::detail::batch_norm(
-        input, running_mean, running_var, weight, bias,
-        /*training=*/is_training() || !options.track_running_stats(), factor,
-        options.eps());
+    return torch::nn::functional::detail::batch_norm(input, running_mean, running_var, weight, bias,
+                                                     /*training=*/is_training() ||
+                                                         !options.track_running_stats(),
+                                                     factor, options.eps());
   }
 
   check_channels_once(group);
   // Half and bfloat16 inputs are normalised with float statistics.
-  const bool reduced =
-      input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  const bool reduced = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
   const at::ScalarType dtype = reduced ? at::kFloat : input.scalar_type();
   at::Tensor mean, invstd;
   int64_t count = 0;
@@ -169,9 +174,11 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     detail::GlobalBatchStats stats = detail::gather_batch_stats(input, *group);
     count = stats.count;
     // Every rank sees the same count, so every rank throws here alike.
-    DDP_CHECK(count != 1, "SyncBatchNorm", where, " expected more than 1 value per "
-              "channel when training, but the batches of all ", group->size(),
-              " ranks hold 1 value per channel together (this rank's input shape ", input.sizes(), ")");
+    DDP_CHECK(count != 1, "SyncBatchNorm", where,
+              " expected more than 1 value per "
+              "channel when training, but the batches of all ",
+              group->size(), " ranks hold 1 value per channel together (this rank's input shape ",
+              input.sizes(), ")");
     if (options.track_running_stats() && count > 0) {
       // As BatchNorm: the running variance takes the unbiased variance of the batch.
       const double n = static_cast<double>(count);
@@ -197,4 +204,4 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
          << ", track_running_stats=" << options.track_running_stats() << ')';
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -101,7 +101,7 @@ void replace(Module& parent, const std::string& name, const Module* old,
   }
 }
 
-} // namespace
+}  // namespace
 
 namespace detail {
 
@@ -118,10 +118,11 @@ std::shared_ptr<SyncBatchNormImpl> sync_batchnorm_sharing_state_of(
                        .track_running_stats(o.track_running_stats())
                        .process_group(process_group);
     // Not make_shared: the sharing constructor is private to this friend.
-    sync.reset(new SyncBatchNormImpl(
-        std::move(options), SyncBatchNormImpl::SharedState{bn->weight, bn->bias,
-                                                           bn->running_mean, bn->running_var,
-                                                           bn->num_batches_tracked}));
+    sync.reset(
+        new SyncBatchNormImpl(std::move(options),
+                              SyncBatchNormImpl::SharedState{bn->weight, bn->bias, bn->running_mean,
+                                                             bn->running_var,
+                                                             bn->num_batches_tracked}));
   };
   adopt(dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&batchnorm));
   adopt(dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&batchnorm));
@@ -131,12 +132,12 @@ std::shared_ptr<SyncBatchNormImpl> sync_batchnorm_sharing_state_of(
   return sync;
 }
 
-} // namespace detail
+}  // namespace detail
 
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
                                                std::shared_ptr<ProcessGroup> process_group) {
   DDP_CHECK(module != nullptr, "convert_sync_batchnorm got a null module; construct the "
-            "module before converting it.");
+                               "module before converting it.");
   if (is_batchnorm(*module)) {
     return detail::sync_batchnorm_sharing_state_of(*module, std::move(process_group));
   }
@@ -151,11 +152,13 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
     if (!checked.insert(site.layer).second) continue;
     std::shared_ptr<Module> layer = site.parent->named_children()[site.name];
     const long outside = layer.use_count() - 1 - survey.tree_refs.at(site.layer);
-    DDP_CHECK(outside <= 0, "convert_sync_batchnorm: the ", layer->name(), " at '",
-              site.path, "' is also held outside the module tree (", outside,
-              " more reference", outside == 1 ? "" : "s", " than its registrations), "
+    DDP_CHECK(outside <= 0, "convert_sync_batchnorm: the ", layer->name(), " at '", site.path,
+              "' is also held outside the module tree (", outside, " more reference",
+              outside == 1 ? "" : "s",
+              " than its registrations), "
               "typically by a typed field of its parent such as `torch::nn::BatchNorm2d ",
-              site.name, ";`. That field cannot hold a SyncBatchNorm, so the model's "
+              site.name,
+              ";`. That field cannot hold a SyncBatchNorm, so the model's "
               "forward would keep running the unsynchronised layer. Declare the field as "
               "ddp::SyncBatchNorm (a plain BatchNorm until trained with several ranks; "
               "same state-dict keys), or reach the layer through torch::nn::Sequential, "
@@ -173,4 +176,4 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
   return module;
 }
 
-} // namespace ddp
+}  // namespace ddp

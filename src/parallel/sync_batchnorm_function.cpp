@@ -56,17 +56,16 @@ at::Tensor per_channel(const at::Tensor& t, int64_t dim) {
 }
 
 struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& mean, const at::Tensor& invstd, int64_t count,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& mean,
+                            const at::Tensor& invstd, int64_t count,
                             std::shared_ptr<ProcessGroup> group) {
     const int64_t dim = input.dim();
     // y = x * scale + shift, as ATen's CPU batch norm computes it.
     const at::Tensor scale = invstd * weight;
     const at::Tensor shift = bias - mean * scale;
-    at::Tensor output =
-        at::addcmul(per_channel(shift, dim), input, per_channel(scale, dim))
-            .to(input.scalar_type());
+    at::Tensor output = at::addcmul(per_channel(shift, dim), input, per_channel(scale, dim))
+                            .to(input.scalar_type());
 
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["count"] = count;
@@ -108,29 +107,28 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
       const at::Tensor mean_dy = sums.narrow(0, 0, channels) * inv_count;
       const at::Tensor mean_dy_xmu = sums.narrow(0, channels, channels) * inv_count;
       const at::Tensor scale = invstd * weight;
-      grad_input = (dy - per_channel(mean_dy, dim) -
-                    xmu * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
-                   per_channel(scale, dim);
+      grad_input =
+          (dy - per_channel(mean_dy, dim) - xmu * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
+          per_channel(scale, dim);
     }
     // One entry per forward argument: input, weight, bias, mean, invstd, count, group.
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {grad_input,   grad_weight,  grad_bias,   at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-} // namespace
+}  // namespace
 
 at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight,
-                           const at::Tensor& bias, const at::Tensor& mean,
-                           const at::Tensor& invstd, int64_t count,
-                           std::shared_ptr<ProcessGroup> group) {
+                           const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& invstd,
+                           int64_t count, std::shared_ptr<ProcessGroup> group) {
   // Without affine parameters, a constant scale of 1 and shift of 0 stand in for them:
   // LibTorch 2.x's custom Functions refuse undefined tensor arguments.
   const bool affine = weight.defined();
   return SyncBatchNormFunction::apply(input, affine ? weight : at::ones_like(mean),
-                                      affine ? bias : at::zeros_like(mean), mean, invstd,
-                                      count, std::move(group));
+                                      affine ? bias : at::zeros_like(mean), mean, invstd, count,
+                                      std::move(group));
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

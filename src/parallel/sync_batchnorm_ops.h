@@ -20,9 +20,9 @@ namespace detail {
 
 /// The per-channel statistics of every rank's batch together.
 struct GlobalBatchStats {
-  at::Tensor mean;     // [C], float64, on the input's device
-  at::Tensor var;      // [C], float64, biased (divided by count)
-  int64_t count = 0;   // values per channel over all ranks: sum of N * prod(spatial)
+  at::Tensor mean;    // [C], float64, on the input's device
+  at::Tensor var;     // [C], float64, biased (divided by count)
+  int64_t count = 0;  // values per channel over all ranks: sum of N * prod(spatial)
 };
 
 /// Every dimension of an (N, C, ...) tensor but the channel one: {0, 2, 3, ...}.
@@ -39,9 +39,8 @@ GlobalBatchStats gather_batch_stats(const at::Tensor& input, ProcessGroup& group
 /// weight and bias may both be undefined (affine = false). mean and invstd are [C] in any
 /// floating dtype; count is the group's count from gather_batch_stats.
 at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight,
-                           const at::Tensor& bias, const at::Tensor& mean,
-                           const at::Tensor& invstd, int64_t count,
-                           std::shared_ptr<ProcessGroup> group);
+                           const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& invstd,
+                           int64_t count, std::shared_ptr<ProcessGroup> group);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

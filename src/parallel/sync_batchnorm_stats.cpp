@@ -63,5 +63,5 @@ GlobalBatchStats gather_batch_stats(const at::Tensor& input, ProcessGroup& group
   return stats;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -31,7 +31,8 @@ std::string trace_file_for_rank(const std::string& path, int rank) {
 TraceWriter::TraceWriter(const std::string& path, int rank)
     : path_(path), rank_(rank), file_(path, std::ios::out | std::ios::trunc) {
   DDP_CHECK(file_.good(), "DistributedDataParallel on rank ", rank,
-            ": cannot open the trace file '", path, "' (from trace_path) for writing. "
+            ": cannot open the trace file '", path,
+            "' (from trace_path) for writing. "
             "Check that its directory exists and is writable, or leave trace_path empty.");
   file_ << "[\n";
   end_of_events_ = file_.tellp();
@@ -55,11 +56,11 @@ void TraceWriter::add(std::string event) {
   pending_.push_back(std::move(event));
 }
 
-void TraceWriter::complete(const std::string& name, int track, int64_t start_us,
-                           int64_t dur_us, const std::string& args_json) {
-  std::string e = "{\"name\":" + json_quote(name) + ",\"ph\":\"X\",\"pid\":" +
-                  std::to_string(rank_) + ",\"tid\":" + std::to_string(track) +
-                  ",\"ts\":" + std::to_string(start_us) +
+void TraceWriter::complete(const std::string& name, int track, int64_t start_us, int64_t dur_us,
+                           const std::string& args_json) {
+  std::string e = "{\"name\":" + json_quote(name) +
+                  ",\"ph\":\"X\",\"pid\":" + std::to_string(rank_) +
+                  ",\"tid\":" + std::to_string(track) + ",\"ts\":" + std::to_string(start_us) +
                   ",\"dur\":" + std::to_string(std::max<int64_t>(dur_us, 0));
   if (!args_json.empty()) e += ",\"args\":{" + args_json + "}";
   add(e + "}");
@@ -76,8 +77,8 @@ void TraceWriter::name_track(int track, const std::string& name) {
   add("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank_) +
       ",\"tid\":" + std::to_string(track) + ",\"args\":{\"name\":" + json_quote(name) + "}}");
   add("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(rank_) +
-      ",\"tid\":" + std::to_string(track) + ",\"args\":{\"sort_index\":" +
-      std::to_string(track) + "}}");
+      ",\"tid\":" + std::to_string(track) + ",\"args\":{\"sort_index\":" + std::to_string(track) +
+      "}}");
 }
 
 void TraceWriter::flush() {
@@ -95,7 +96,7 @@ void TraceWriter::flush() {
   file_.flush();
 }
 
-} // namespace detail
+}  // namespace detail
 
 namespace trace {
 
@@ -115,5 +116,5 @@ Scope::~Scope() {
   }
 }
 
-} // namespace trace
-} // namespace ddp
+}  // namespace trace
+}  // namespace ddp

@@ -62,5 +62,5 @@ class TraceWriter {
   std::streampos end_of_events_ = 0;
 };
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

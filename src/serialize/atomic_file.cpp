@@ -46,11 +46,10 @@ std::string temporary_name(const std::string& path) {
   const std::string dir = parent_directory(path);
   const auto slash = path.find_last_of('/');
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  return dir + "/." + base + ".tmp." + std::to_string(::getpid()) + "." +
-         std::to_string(counter++);
+  return dir + "/." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
-} // namespace
+}  // namespace
 
 std::string parent_directory(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -118,8 +117,8 @@ void make_directories(const std::string& directory) {
       DDP_CHECK(false, system_error("creating directory", partial));
     }
     struct stat st {};
-    DDP_CHECK(::stat(partial.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
-              "'", partial, "' exists but is not a directory; expected a directory for "
+    DDP_CHECK(::stat(partial.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "'", partial,
+              "' exists but is not a directory; expected a directory for "
               "checkpoints");
     partial += "/";
   }
@@ -137,9 +136,7 @@ std::vector<std::string> list_directory(const std::string& directory) {
   return names;
 }
 
-bool remove_file(const std::string& path) {
-  return ::unlink(path.c_str()) == 0 || errno == ENOENT;
-}
+bool remove_file(const std::string& path) { return ::unlink(path.c_str()) == 0 || errno == ENOENT; }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -31,5 +31,5 @@ bool remove_file(const std::string& path);
 /// The directory part of a path ("." when there is none).
 std::string parent_directory(const std::string& path);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

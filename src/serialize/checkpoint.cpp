@@ -99,13 +99,15 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
   top.insert("epoch", checkpoint.epoch());
   top.insert("step", checkpoint.step());
   top.insert("model", cpu_state_dict(*checkpoint.model()));
-  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state, "save_checkpoint: rank 0 of "
+  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state,
+            "save_checkpoint: rank 0 of "
             "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
             "where its state was gathered. Use the optimizer's group for the checkpoint.");
   if (checkpoint.optimizer() != nullptr) {
-    top.insert("optimizer", checkpoint.sharded_optimizer()
-                                ? sharded_state.value()
-                                : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
+    top.insert("optimizer",
+               checkpoint.sharded_optimizer()
+                   ? sharded_state.value()
+                   : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
   }
   if (checkpoint.sampler() != nullptr) {
     top.insert("sampler", sampler_dict(*checkpoint.sampler(), parts));
@@ -150,15 +152,15 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
     }
   }
   DDP_CHECK(static_cast<int64_t>(positions.size()) == st.num_replicas && st.num_replicas > 0 &&
-                  st.dataset_size > 0,
-            where, ": sampler['positions'] has ", positions.size(), " entries for num_replicas=",
-            st.num_replicas, "; the file is corrupt.");
+                st.dataset_size > 0,
+            where, ": sampler['positions'] has ", positions.size(),
+            " entries for num_replicas=", st.num_replicas, "; the file is corrupt.");
 
   if (st.num_replicas == sampler.num_replicas()) {
     st.rank = sampler.rank();
     st.position = positions[static_cast<size_t>(st.rank)];
-    DDP_CHECK(st.position >= 0, where, ": no rank saved a position for sampler rank ",
-              st.rank, "; the checkpoint was saved with a sampler of another rank layout.");
+    DDP_CHECK(st.position >= 0, where, ": no rank saved a position for sampler rank ", st.rank,
+              "; the checkpoint was saved with a sampler of another rank layout.");
   } else {
     // Note [Resuming with another world size]: at an epoch boundary (every rank at 0, or
     // every rank done with the epoch) the epoch carries over. Mid-epoch the samples that
@@ -183,10 +185,12 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
     const int64_t epoch = st.epoch;
     std::vector<DistributedSamplerStage> stages = st.earlier_stages;
     if (!all_zero && !all_done) {
-      DDP_CHECK(all_known, where, ": the checkpoint was saved mid-epoch (epoch ", epoch,
-                ") by ", st.num_replicas, " ranks, but not every rank saved its sampler "
+      DDP_CHECK(all_known, where, ": the checkpoint was saved mid-epoch (epoch ", epoch, ") by ",
+                st.num_replicas,
+                " ranks, but not every rank saved its sampler "
                 "position, so the samples not yet seen are unknown and cannot be shared among "
-                "this run's ", sampler.num_replicas(), " ranks. Resume with ", st.num_replicas,
+                "this run's ",
+                sampler.num_replicas(), " ranks. Resume with ", st.num_replicas,
                 " ranks, or from a checkpoint saved at an epoch boundary.");
       stages.push_back(DistributedSamplerStage{st.num_replicas, positions});
     }
@@ -196,8 +200,7 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
     st.position = 0;
     if (all_done) {  // nothing left of that epoch: the loop goes on to the next
       st.position = static_cast<int64_t>(
-          detail::share_size(static_cast<size_t>(st.dataset_size), st.num_replicas,
-                             st.drop_last));
+          detail::share_size(static_cast<size_t>(st.dataset_size), st.num_replicas, st.drop_last));
     }
   }
   sampler.check_state(st);
@@ -217,7 +220,7 @@ Apply prepare_scaler_load(amp::GradScaler& scaler, const c10::impl::GenericDict&
   return [&scaler, d] { scaler.load_state_dict(d); };
 }
 
-} // namespace
+}  // namespace
 
 std::vector<std::string> CheckpointGroup::all_gather(const std::string& bytes) const {
   if (group == nullptr || size == 1) return {bytes};
@@ -246,8 +249,7 @@ CheckpointGroup checkpoint_group(const Checkpoint& checkpoint) {
 // rank 0's error, which every rank then throws, so no rank carries on believing a
 // checkpoint exists.
 void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
-                          const std::function<void()>& before,
-                          const std::function<void()>& after) {
+                          const std::function<void()>& before, const std::function<void()>& after) {
   DDP_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
             "'): Checkpoint::model is null; expected the unwrapped model");
   const CheckpointGroup group = checkpoint_group(checkpoint);
@@ -270,12 +272,13 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
     }
   }
   const std::vector<std::string> verdicts = group.all_gather(group.rank == 0 ? error : "");
-  DDP_CHECK(verdicts[0].empty(), "save_checkpoint('", path, "') failed on rank 0 (the rank "
-            "that writes), so no checkpoint was written; seen on rank ", group.rank, ": ",
-            verdicts[0]);
+  DDP_CHECK(verdicts[0].empty(), "save_checkpoint('", path,
+            "') failed on rank 0 (the rank "
+            "that writes), so no checkpoint was written; seen on rank ",
+            group.rank, ": ", verdicts[0]);
 }
 
-} // namespace detail
+}  // namespace detail
 
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   detail::save_checkpoint_with(path, checkpoint, nullptr, nullptr);
@@ -288,17 +291,18 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
                             (group.size > 1 ? " on rank " + std::to_string(group.rank) : "");
   DDP_CHECK(checkpoint.model() != nullptr, where,
             ": Checkpoint::model is null; expected the unwrapped model");
-  DDP_CHECK(file_exists(path), where, ": no such file. Expected a checkpoint written by "
+  DDP_CHECK(file_exists(path), where,
+            ": no such file. Expected a checkpoint written by "
             "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
   const auto format = top.find("format");
   DDP_CHECK(format != top.end() && format->value().isString() &&
-                  format->value().toStringRef() == kFormat,
+                format->value().toStringRef() == kFormat,
             where, ": not a ddp-cpp checkpoint (",
-            format == top.end()             ? std::string("it has no 'format' key")
+            format == top.end()          ? std::string("it has no 'format' key")
             : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
-                                           : "its format is a " + format->value().tagKind(),
+                                         : "its format is a " + format->value().tagKind(),
             "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
             "ddp::read_state_dict.");
   const int64_t version = get_int(top, "version", "the file", where);
@@ -317,9 +321,10 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
 
   auto require = [&](const char* key, const char* setter) {
     DDP_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
-              "' (it was saved without Checkpoint::", setter, "), but this Checkpoint asks "
-              "to restore one. Load with Checkpoint::", setter,
-              key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
+              "' (it was saved without Checkpoint::", setter,
+              "), but this Checkpoint asks "
+              "to restore one. Load with Checkpoint::",
+              setter, key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
   };
   if (checkpoint.optimizer() != nullptr) require("optimizer", "optimizer");
   if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
@@ -327,16 +332,16 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
 
   // Note [Validate, then apply]
   std::vector<Apply> steps;
-  steps.push_back(prepare_model_load(
-      *checkpoint.model(), tensor_dict(get(top, "model", "the file", where), "'model'", where),
-      where));
+  steps.push_back(
+      prepare_model_load(*checkpoint.model(),
+                         tensor_dict(get(top, "model", "the file", where), "'model'", where),
+                         where));
   if (checkpoint.optimizer() != nullptr) {
     const c10::IValue saved = get(top, "optimizer", "the file", where);
-    steps.push_back(checkpoint.sharded_optimizer()
-                        ? checkpoint.sharded_optimizer()->prepare_load(*checkpoint.model(),
-                                                                       saved, where)
-                        : prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(),
-                                                 saved, where));
+    steps.push_back(
+        checkpoint.sharded_optimizer()
+            ? checkpoint.sharded_optimizer()->prepare_load(*checkpoint.model(), saved, where)
+            : prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(), saved, where));
   }
   if (checkpoint.sampler() != nullptr) {
     steps.push_back(
@@ -351,8 +356,8 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
               ": 'rng' should be a non-empty list (one entry per rank)");
     const c10::impl::GenericList rng = rng_value.toList();
     // Same world size: each rank its own state; else rank r takes r % saved ranks.
-    DDP_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size,
-              where, ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
+    DDP_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size, where,
+              ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
               "; the file is corrupt.");
     const size_t index = static_cast<size_t>(group.rank) % rng.size();
     steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
@@ -361,4 +366,4 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   checkpoint.epoch(epoch).step(step).extra(extra);
 }
 
-} // namespace ddp
+}  // namespace ddp

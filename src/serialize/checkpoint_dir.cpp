@@ -21,8 +21,10 @@ constexpr const char* kLatest = "latest";
 void validate(const CheckpointOptions& options) {
   DDP_CHECK(!options.directory().empty(),
             "CheckpointOptions: directory must not be empty; expected a path");
-  DDP_CHECK(options.keep_last() >= 0, "CheckpointOptions: keep_last must be >= 0 (0 keeps "
-            "all), but got ", options.keep_last());
+  DDP_CHECK(options.keep_last() >= 0,
+            "CheckpointOptions: keep_last must be >= 0 (0 keeps "
+            "all), but got ",
+            options.keep_last());
   DDP_CHECK(!options.prefix().empty() && options.prefix().find('/') == std::string::npos,
             "CheckpointOptions: prefix must be a non-empty file name without '/', but got '",
             options.prefix(), "'");
@@ -88,12 +90,14 @@ std::string trim(std::string s) {
   return s;
 }
 
-} // namespace
+}  // namespace
 
 std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& checkpoint) {
   validate(options);
-  DDP_CHECK(checkpoint.step() >= 0, "save_checkpoint: Checkpoint::step must be >= 0 (it "
-            "names the file), but got ", checkpoint.step());
+  DDP_CHECK(checkpoint.step() >= 0,
+            "save_checkpoint: Checkpoint::step must be >= 0 (it "
+            "names the file), but got ",
+            checkpoint.step());
   const std::string name = file_name(options, checkpoint.step());
   const std::string path = options.directory() + "/" + name;
   detail::save_checkpoint_with(
@@ -142,4 +146,4 @@ std::optional<std::string> load_latest_checkpoint(const CheckpointOptions& optio
   return choice;
 }
 
-} // namespace ddp
+}  // namespace ddp

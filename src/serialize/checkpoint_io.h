@@ -25,8 +25,7 @@ CheckpointGroup checkpoint_group(const Checkpoint& checkpoint);
 /// save_checkpoint with work that rank 0 does just before writing (`before`) and just
 /// after the file is complete (`after`); a failure in either fails the save everywhere.
 void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
-                          const std::function<void()>& before,
-                          const std::function<void()>& after);
+                          const std::function<void()>& before, const std::function<void()>& after);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -25,8 +25,7 @@ namespace {
 // TensorImpl: LibTorch 1.x uses the string c10::guts::to_string(impl) (an ostream of the
 // pointer), 2.x the pointer itself (void*). The key type is taken from the map, and the
 // overload below that matches it is the only place that knows the difference.
-using StateMap =
-    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 using StateKey = typename StateMap::key_type;
 
 inline void make_key(std::string& key, c10::TensorImpl* impl) {
@@ -46,9 +45,12 @@ enum class Kind { SGD, Adam, AdamW };
 
 const char* kind_name(Kind kind) {
   switch (kind) {
-    case Kind::SGD: return "SGD";
-    case Kind::Adam: return "Adam";
-    case Kind::AdamW: return "AdamW";
+    case Kind::SGD:
+      return "SGD";
+    case Kind::Adam:
+      return "Adam";
+    case Kind::AdamW:
+      return "AdamW";
   }
   return "?";
 }
@@ -58,7 +60,7 @@ Kind kind_of(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::AdamW;
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::Adam;
   DDP_CHECK(false, "checkpoints support the optimizers torch::optim::SGD, Adam and AdamW, "
-            "but got another type. Save its state yourself in Checkpoint::extra.");
+                   "but got another type. Save its state yourself in Checkpoint::extra.");
   return Kind::SGD;
 }
 
@@ -120,7 +122,7 @@ c10::impl::GenericDict param_state(Kind kind, const torch::optim::OptimizerParam
   return s;
 }
 
-} // namespace
+}  // namespace
 
 c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer,
                                             const torch::nn::Module& model) {
@@ -184,10 +186,10 @@ struct Loader {
     }
     // Python 1.12+ saves Adam's step as a float tensor; this file saves an int.
     const c10::IValue step = get(s, "step", what, where);
-    DDP_CHECK(step.isInt() || (step.isTensor() && step.toTensor().numel() == 1), where,
-              ": ", what, "['step'] should be an int, but is ", step.tagKind());
-    const int64_t steps = step.isInt() ? step.toInt()
-                                       : static_cast<int64_t>(step.toTensor().item<double>());
+    DDP_CHECK(step.isInt() || (step.isTensor() && step.toTensor().numel() == 1), where, ": ", what,
+              "['step'] should be an int, but is ", step.tagKind());
+    const int64_t steps =
+        step.isInt() ? step.toInt() : static_cast<int64_t>(step.toTensor().item<double>());
     const bool amsgrad = get_bool(group, "amsgrad", "a param group", where);
     auto fill = [&](auto& st) {
       st.step(steps);
@@ -216,8 +218,8 @@ struct Loader {
       get_bool(g, "nesterov", what, where);
     } else {
       const c10::IValue betas = get(g, "betas", what, where);
-      DDP_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, where, ": ",
-                what, "['betas'] should be a pair of floats, but is ", betas.tagKind());
+      DDP_CHECK(betas.isTuple() && betas.toTupleRef().elements().size() == 2, where, ": ", what,
+                "['betas'] should be a pair of floats, but is ", betas.tagKind());
       for (const auto& b : betas.toTupleRef().elements()) {
         DDP_CHECK(b.isDouble() || b.isInt(), where, ": ", what,
                   "['betas'] should hold floats, but holds ", b.tagKind());
@@ -257,11 +259,10 @@ void set_group(Kind kind, torch::optim::OptimizerOptions& base, const c10::impl:
   }
 }
 
-} // namespace
+}  // namespace
 
-Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
-                             const torch::nn::Module& model, const c10::IValue& saved,
-                             const std::string& where) {
+Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
+                             const c10::IValue& saved, const std::string& where) {
   const Kind kind = kind_of(optimizer);
   const c10::impl::GenericDict dict = as_dict(saved, "'optimizer'", where);
   const c10::IValue type = get(dict, "type", "'optimizer'", where);
@@ -305,8 +306,8 @@ Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
       if (index >= 0 && static_cast<size_t>(index) < saved_names.size() &&
           saved_names.get(index).isString() && !name.empty()) {
         const std::string& saved_name = saved_names.get(index).toStringRef();
-        DDP_CHECK(saved_name.empty() || saved_name == name, where, ": optimizer parameter ",
-                  index, " is '", saved_name, "' in the checkpoint but '", name,
+        DDP_CHECK(saved_name.empty() || saved_name == name, where, ": optimizer parameter ", index,
+                  " is '", saved_name, "' in the checkpoint but '", name,
                   "' in this optimizer. Expected the parameters in the same order.");
       }
       const auto it = state.find(index);
@@ -329,5 +330,5 @@ Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
   };
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

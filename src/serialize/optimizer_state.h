@@ -9,11 +9,11 @@
 namespace torch {
 namespace nn {
 class Module;
-} // namespace nn
+}  // namespace nn
 namespace optim {
 class Optimizer;
-} // namespace optim
-} // namespace torch
+}  // namespace optim
+}  // namespace torch
 
 namespace ddp {
 namespace detail {
@@ -26,9 +26,8 @@ c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optim
 
 /// Checks `saved` against the optimizer (type, groups, parameter counts, names, state
 /// shapes) and returns the restore to perform; throws naming what differs.
-Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer,
-                             const torch::nn::Module& model, const c10::IValue& saved,
-                             const std::string& where);
+Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
+                             const c10::IValue& saved, const std::string& where);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -125,8 +125,8 @@ class Rewriter {
   }
   bool memoize(uint64_t index) {
     if (stack_.empty()) return false;
-    memo_[index] = stack_.back().kind == Kind::OrderedDictClass ? Kind::OrderedDictClass
-                                                                : Kind::Other;
+    memo_[index] =
+        stack_.back().kind == Kind::OrderedDictClass ? Kind::OrderedDictClass : Kind::Other;
     return true;
   }
 
@@ -134,48 +134,84 @@ class Rewriter {
     uint64_t n = 0;
     Item item{};
     switch (op) {
-      case 0x80: return skip(1);                                  // PROTO
-      case '.': return true;                                      // STOP
-      case '(': return push(at, Kind::Mark);                      // MARK
-      case '0': return pop(1);                                    // POP
-      case '1': return pop_mark(&item);                           // POP_MARK
-      case '2': return !stack_.empty() && push(at);               // DUP
-      case 'N': case 0x88: case 0x89: return push(at);            // NONE, NEWTRUE, NEWFALSE
-      case 'I': case 'L': case 'F': case 'S': case 'V':           // text arguments
+      case 0x80:
+        return skip(1);  // PROTO
+      case '.':
+        return true;  // STOP
+      case '(':
+        return push(at, Kind::Mark);  // MARK
+      case '0':
+        return pop(1);  // POP
+      case '1':
+        return pop_mark(&item);  // POP_MARK
+      case '2':
+        return !stack_.empty() && push(at);  // DUP
+      case 'N':
+      case 0x88:
+      case 0x89:
+        return push(at);  // NONE, NEWTRUE, NEWFALSE
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'S':
+      case 'V':  // text arguments
         return skip_line() && push(at);
-      case 'J': return skip(4) && push(at);                       // BININT
-      case 'K': return skip(1) && push(at);                       // BININT1
-      case 'M': return skip(2) && push(at);                       // BININT2
-      case 'G': return skip(8) && push(at);                       // BINFLOAT
-      case 0x8a: case 'U': case 'C':                              // LONG1, SHORT_BIN{STRING,BYTES}
+      case 'J':
+        return skip(4) && push(at);  // BININT
+      case 'K':
+        return skip(1) && push(at);  // BININT1
+      case 'M':
+        return skip(2) && push(at);  // BININT2
+      case 'G':
+        return skip(8) && push(at);  // BINFLOAT
+      case 0x8a:
+      case 'U':
+      case 'C':  // LONG1, SHORT_BIN{STRING,BYTES}
         return read_uint(1, &n) && skip(n) && push(at);
-      case 0x8b: case 'T': case 'X': case 'B':                    // LONG4, BINSTRING, BINUNICODE, BINBYTES
+      case 0x8b:
+      case 'T':
+      case 'X':
+      case 'B':  // LONG4, BINSTRING, BINUNICODE, BINBYTES
         return read_uint(4, &n) && skip(n) && push(at);
-      case ')': return push(at, Kind::EmptyTuple);                // EMPTY_TUPLE
-      case ']': return push(at);                                  // EMPTY_LIST
-      case '}': return push(at, Kind::Dict);                      // EMPTY_DICT
-      case 't': case 'l':                                         // TUPLE, LIST
+      case ')':
+        return push(at, Kind::EmptyTuple);  // EMPTY_TUPLE
+      case ']':
+        return push(at);  // EMPTY_LIST
+      case '}':
+        return push(at, Kind::Dict);  // EMPTY_DICT
+      case 't':
+      case 'l':  // TUPLE, LIST
         return pop_mark(&item) && push(item.start);
-      case 'd': return pop_mark(&item) && push(item.start, Kind::Dict);  // DICT
-      case 0x85: return pop(1, &item) && push(item.start);        // TUPLE1
-      case 0x86: return pop(2, &item) && push(item.start);        // TUPLE2
-      case 0x87: return pop(3, &item) && push(item.start);        // TUPLE3
-      case 'e': case 'u': return pop_mark(&item);                 // APPENDS, SETITEMS
-      case 'a':                                                   // APPEND -> MARK v APPENDS
+      case 'd':
+        return pop_mark(&item) && push(item.start, Kind::Dict);  // DICT
+      case 0x85:
+        return pop(1, &item) && push(item.start);  // TUPLE1
+      case 0x86:
+        return pop(2, &item) && push(item.start);  // TUPLE2
+      case 0x87:
+        return pop(3, &item) && push(item.start);  // TUPLE3
+      case 'e':
+      case 'u':
+        return pop_mark(&item);  // APPENDS, SETITEMS
+      case 'a':                  // APPEND -> MARK v APPENDS
         if (!pop(1, &item)) return false;
         edits_.push_back({item.start, 0, "("});
         edits_.push_back({at, 1, "e"});
         return true;
-      case 's':                                                   // SETITEM -> MARK k v SETITEMS
+      case 's':  // SETITEM -> MARK k v SETITEMS
         if (!pop(2, &item)) return false;
         edits_.push_back({item.start, 0, "("});
         edits_.push_back({at, 1, "u"});
         return true;
-      case 'h': return read_uint(1, &n) && push(at, memo_kind(n));   // BINGET
-      case 'j': return read_uint(4, &n) && push(at, memo_kind(n));   // LONG_BINGET
-      case 'q': return read_uint(1, &n) && memoize(n);               // BINPUT
-      case 'r': return read_uint(4, &n) && memoize(n);               // LONG_BINPUT
-      case 'c': {                                                    // GLOBAL
+      case 'h':
+        return read_uint(1, &n) && push(at, memo_kind(n));  // BINGET
+      case 'j':
+        return read_uint(4, &n) && push(at, memo_kind(n));  // LONG_BINGET
+      case 'q':
+        return read_uint(1, &n) && memoize(n);  // BINPUT
+      case 'r':
+        return read_uint(4, &n) && memoize(n);  // LONG_BINPUT
+      case 'c': {                               // GLOBAL
         const size_t text = pos_;
         std::string module, name;
         if (!skip_line(&module) || !skip_line(&name)) return false;
@@ -185,7 +221,7 @@ class Rewriter {
         }
         return push(at);
       }
-      case 'R': {                                                    // REDUCE
+      case 'R': {  // REDUCE
         if (stack_.size() < 2) return false;
         const Item callable = stack_[stack_.size() - 2];
         const Item args = stack_.back();
@@ -196,16 +232,19 @@ class Rewriter {
         }
         return pop(2) && push(callable.start);
       }
-      case 0x81: return pop(2, &item) && push(item.start);           // NEWOBJ
-      case 'b': {                                                    // BUILD
+      case 0x81:
+        return pop(2, &item) && push(item.start);  // NEWOBJ
+      case 'b': {                                  // BUILD
         if (stack_.size() < 2 || stack_[stack_.size() - 2].kind != Kind::Dict) return false;
         const Item state = stack_.back();
         edits_.push_back({state.start, 0, "(" + binunicode(kBuildStateKey)});
         edits_.push_back({at, 1, "u"});
         return pop(1);
       }
-      case 'Q': return pop(1, &item) && push(item.start);            // BINPERSID
-      default: return false;
+      case 'Q':
+        return pop(1, &item) && push(item.start);  // BINPERSID
+      default:
+        return false;
     }
   }
 
@@ -216,7 +255,7 @@ class Rewriter {
   std::vector<Edit> edits_;
 };
 
-} // namespace
+}  // namespace
 
 std::optional<std::string> rewrite_python_pickle(std::string_view pickle) {
   Rewriter rewriter(pickle);
@@ -236,5 +275,5 @@ void drop_build_states(const c10::IValue& value) {
   }
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

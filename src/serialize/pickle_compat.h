@@ -22,5 +22,5 @@ std::optional<std::string> rewrite_python_pickle(std::string_view pickle);
 /// Removes the kBuildStateKey entries that rewrite_python_pickle introduced.
 void drop_build_states(const c10::IValue& value);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

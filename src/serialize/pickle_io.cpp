@@ -49,14 +49,15 @@ c10::IValue plain(const c10::IValue& value) {
   return value;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<char> pickle(const c10::IValue& value) {
   std::vector<char> data;
-  torch::jit::Pickler pickler(
-      [&](const char* bytes, size_t size) { data.insert(data.end(), bytes, bytes + size); },
-      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  torch::jit::Pickler pickler([&](const char* bytes,
+                                  size_t size) { data.insert(data.end(), bytes, bytes + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(plain(value));
   pickler.stop();
@@ -85,7 +86,8 @@ c10::IValue unpickle(const std::string& bytes, const std::string& where) {
         record.name.compare(record.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
-    const auto pickle = rewrite_python_pickle(std::string_view(bytes).substr(record.offset, record.size));
+    const auto pickle =
+        rewrite_python_pickle(std::string_view(bytes).substr(record.offset, record.size));
     if (!pickle) break;
     std::vector<std::pair<std::string, std::string_view>> parts;
     for (const ZipRecord& r : records) {
@@ -129,8 +131,8 @@ c10::impl::GenericDict as_dict(const c10::IValue& value, const std::string& what
   return value.toGenericDict();
 }
 
-c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key,
-                const std::string& what, const std::string& where) {
+c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where) {
   const auto it = dict.find(key);
   DDP_CHECK(it != dict.end(), where, ": ", what, " has no key '", key,
             "'. The file was written by something other than this version of "
@@ -138,11 +140,10 @@ c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key,
   return it->value();
 }
 
-int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key,
-                const std::string& what, const std::string& where) {
+int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  DDP_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ",
-            v.tagKind());
+  DDP_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ", v.tagKind());
   return v.toInt();
 }
 
@@ -154,11 +155,10 @@ double get_double(const c10::impl::GenericDict& dict, const std::string& key,
   return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
 }
 
-bool get_bool(const c10::impl::GenericDict& dict, const std::string& key,
-              const std::string& what, const std::string& where) {
+bool get_bool(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+              const std::string& where) {
   const c10::IValue v = get(dict, key, what, where);
-  DDP_CHECK(v.isBool(), where, ": ", what, "['", key, "'] should be a bool, but is ",
-            v.tagKind());
+  DDP_CHECK(v.isBool(), where, ": ", what, "['", key, "'] should be a bool, but is ", v.tagKind());
   return v.toBool();
 }
 
@@ -170,14 +170,13 @@ at::Tensor get_tensor(const c10::impl::GenericDict& dict, const std::string& key
   return v.toTensor();
 }
 
-c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
-                                               const std::string& what,
+c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value, const std::string& what,
                                                const std::string& where) {
   const c10::impl::GenericDict generic = as_dict(value, what, where);
   c10::Dict<std::string, at::Tensor> out;
   for (const auto& entry : generic) {
-    DDP_CHECK(entry.key().isString(), where, ": ", what,
-              " should have string keys, but one is ", entry.key().tagKind());
+    DDP_CHECK(entry.key().isString(), where, ": ", what, " should have string keys, but one is ",
+              entry.key().tagKind());
     const std::string key = entry.key().toStringRef();
     DDP_CHECK(entry.value().isTensor(), where, ": ", what, "['", key,
               "'] should be a tensor, but is ", entry.value().tagKind());
@@ -188,8 +187,8 @@ c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
 
 at::Tensor cpu_copy(const at::Tensor& tensor) {
   at::Tensor t = tensor.detach().to(at::kCPU);
-  const bool compact = t.is_contiguous() && t.storage_offset() == 0 &&
-                       t.storage().nbytes() == t.nbytes();
+  const bool compact =
+      t.is_contiguous() && t.storage_offset() == 0 && t.storage().nbytes() == t.nbytes();
   return compact ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
@@ -199,5 +198,5 @@ std::string shape_string(const at::Tensor& tensor) {
   return os.str();
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -31,20 +31,19 @@ c10::impl::GenericList new_list();
 c10::impl::GenericDict as_dict(const c10::IValue& value, const std::string& what,
                                const std::string& where);
 /// dict[key]; throws naming the key and `what` (the dict's own name) when missing.
-c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key,
-                const std::string& what, const std::string& where);
-int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key,
-                const std::string& what, const std::string& where);
+c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where);
+int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where);
 double get_double(const c10::impl::GenericDict& dict, const std::string& key,
                   const std::string& what, const std::string& where);
-bool get_bool(const c10::impl::GenericDict& dict, const std::string& key,
-              const std::string& what, const std::string& where);
+bool get_bool(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+              const std::string& where);
 at::Tensor get_tensor(const c10::impl::GenericDict& dict, const std::string& key,
                       const std::string& what, const std::string& where);
 
 /// A dict of str -> Tensor (Python's state dict, an OrderedDict, arrives untyped).
-c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value,
-                                               const std::string& what,
+c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value, const std::string& what,
                                                const std::string& where);
 
 /// `tensor` on the CPU, detached, owning exactly its own bytes: the tensor itself when it
@@ -54,5 +53,5 @@ at::Tensor cpu_copy(const at::Tensor& tensor);
 /// "[2, 3]".
 std::string shape_string(const at::Tensor& tensor);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -38,14 +38,15 @@ void set_state(at::Generator gen, const at::Tensor& state) {
 void check_state(const at::Tensor& saved, const at::Tensor& current, const std::string& what,
                  const std::string& where) {
   DDP_CHECK(saved.scalar_type() == at::kByte && saved.dim() == 1 &&
-                  saved.numel() == current.numel(),
+                saved.numel() == current.numel(),
             where, ": ", what, " should be a uint8 tensor of ", current.numel(),
             " bytes (a generator state), but is ", saved.scalar_type(), " of shape ",
-            shape_string(saved), ". Save with Checkpoint::rng(true), or load with "
+            shape_string(saved),
+            ". Save with Checkpoint::rng(true), or load with "
             "Checkpoint::rng(false) to keep the current RNG state.");
 }
 
-} // namespace
+}  // namespace
 
 c10::impl::GenericDict rng_state() {
   c10::impl::GenericDict out = new_dict();
@@ -74,9 +75,10 @@ Apply prepare_rng_load(const c10::IValue& saved, const std::string& what,
   }
   return [cpu, cuda] {
     set_state(at::detail::getDefaultCPUGenerator(), cpu);
-    for (size_t i = 0; i < cuda.size(); ++i) set_state(cuda_generator(static_cast<int>(i)), cuda[i]);
+    for (size_t i = 0; i < cuda.size(); ++i)
+      set_state(cuda_generator(static_cast<int>(i)), cuda[i]);
   };
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -14,8 +14,7 @@ c10::impl::GenericDict rng_state();
 
 /// Checks a saved rng_state() against this process and returns the restore.
 /// CUDA states are restored for the devices both runs have.
-Apply prepare_rng_load(const c10::IValue& saved, const std::string& what,
-                       const std::string& where);
+Apply prepare_rng_load(const c10::IValue& saved, const std::string& what, const std::string& where);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -20,8 +20,8 @@
 namespace torch {
 namespace nn {
 class Module;
-} // namespace nn
-} // namespace torch
+}  // namespace nn
+}  // namespace torch
 
 namespace ddp {
 namespace detail {
@@ -38,5 +38,5 @@ class ShardedOptimizerState {
                              const std::string& where) = 0;
 };
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -47,7 +47,7 @@ std::string list_keys(const std::vector<std::string>& keys) {
   return os.str();
 }
 
-} // namespace
+}  // namespace
 
 c10::Dict<std::string, at::Tensor> model_state_dict(const torch::nn::Module& model) {
   c10::Dict<std::string, at::Tensor> out;
@@ -70,8 +70,7 @@ c10::Dict<std::string, at::Tensor> cpu_state_dict(const torch::nn::Module& model
 // sizes) and only then changes anything, so a bad file leaves the model, optimizer,
 // sampler and RNG exactly as they were. Each part returns an Apply closure that cannot
 // fail for a reason the checks could have caught.
-Apply prepare_model_load(torch::nn::Module& model,
-                         const c10::Dict<std::string, at::Tensor>& state,
+Apply prepare_model_load(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state,
                          const std::string& where) {
   const c10::Dict<std::string, at::Tensor> mine = model_state_dict(model);
   std::vector<std::string> missing, unexpected, mismatched;
@@ -95,8 +94,7 @@ Apply prepare_model_load(torch::nn::Module& model,
       os << " Missing key(s) that the model has: " << list_keys(missing) << ".";
     }
     if (!unexpected.empty()) {
-      os << " Unexpected key(s) that the model does not have: " << list_keys(unexpected)
-         << ".";
+      os << " Unexpected key(s) that the model does not have: " << list_keys(unexpected) << ".";
     }
     for (const auto& m : mismatched) os << " Size mismatch for " << m << ".";
     os << " Expected the state dict of the same architecture (keys as Python's "
@@ -112,7 +110,7 @@ Apply prepare_model_load(torch::nn::Module& model,
   };
 }
 
-} // namespace detail
+}  // namespace detail
 
 void load_model_state_dict(torch::nn::Module& model,
                            const c10::Dict<std::string, at::Tensor>& state) {
@@ -140,4 +138,4 @@ void save_model_state_dict(const torch::nn::Module& model, const std::string& pa
   detail::write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -76,13 +76,13 @@ class Reader {
   }
   void need(uint64_t offset, uint64_t size, const std::string& what) const {
     if (offset > bytes_.size() || size > bytes_.size() - offset) {
-      fail(what + " reaches past the end of the file (offset " + std::to_string(offset) +
-           ", " + std::to_string(size) + " bytes)");
+      fail(what + " reaches past the end of the file (offset " + std::to_string(offset) + ", " +
+           std::to_string(size) + " bytes)");
     }
   }
   [[noreturn]] void fail(const std::string& why) const {
-    C10_THROW_ERROR(Error, c10::str(where_, ": the file is truncated or corrupt (",
-                                    bytes_.size(), " bytes; ", why,
+    C10_THROW_ERROR(Error, c10::str(where_, ": the file is truncated or corrupt (", bytes_.size(),
+                                    " bytes; ", why,
                                     "). Expected a complete file written by "
                                     "ddp::save_checkpoint or torch.save; load an older "
                                     "checkpoint instead."));
@@ -101,7 +101,7 @@ class Reader {
   const std::string& where_;
 };
 
-} // namespace
+}  // namespace
 
 std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where) {
   const Reader r(bytes, where);
@@ -125,7 +125,8 @@ std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where
   std::vector<ZipRecord> records;
   uint64_t at = central;
   for (uint64_t i = 0; i < entries; ++i) {
-    if (r.le(at, 4) != kCentralSig) r.fail("central directory entry " + std::to_string(i) + " is damaged");
+    if (r.le(at, 4) != kCentralSig)
+      r.fail("central directory entry " + std::to_string(i) + " is damaged");
     const uint64_t method = r.le(at + 10, 2);
     const uint64_t crc = r.le(at + 16, 4);
     uint64_t compressed = r.le(at + 20, 4);
@@ -141,9 +142,17 @@ std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where
       const uint64_t len = r.le(e + 2, 2);
       if (id == 0x0001) {
         uint64_t f = e + 4;
-        if (uncompressed == 0xffffffff) { uncompressed = r.le(f, 8); f += 8; }
-        if (compressed == 0xffffffff) { compressed = r.le(f, 8); f += 8; }
-        if (local == 0xffffffff) { local = r.le(f, 8); }
+        if (uncompressed == 0xffffffff) {
+          uncompressed = r.le(f, 8);
+          f += 8;
+        }
+        if (compressed == 0xffffffff) {
+          compressed = r.le(f, 8);
+          f += 8;
+        }
+        if (local == 0xffffffff) {
+          local = r.le(f, 8);
+        }
       }
       e += 4 + len;
     }
@@ -172,7 +181,7 @@ void put(std::string& out, uint64_t value, int width) {
   for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
-} // namespace
+}  // namespace
 
 std::string write_zip(const std::vector<std::pair<std::string, std::string_view>>& records) {
   std::string out;
@@ -180,8 +189,9 @@ std::string write_zip(const std::vector<std::pair<std::string, std::string_view>
   for (const auto& record : records) {
     const std::string& name = record.first;
     const std::string_view data = record.second;
-    DDP_CHECK(data.size() < 0xffffffffu && out.size() < 0xffffffffu,
-              "record '", name, "' of ", data.size(), " bytes is too large for rewriting a "
+    DDP_CHECK(data.size() < 0xffffffffu && out.size() < 0xffffffffu, "record '", name, "' of ",
+              data.size(),
+              " bytes is too large for rewriting a "
               "Python pickle (4 GiB at most); see Note [Python pickles]");
     const uint32_t crc = crc32()(reinterpret_cast<const unsigned char*>(data.data()), data.size());
     const uint64_t local = out.size();
@@ -194,7 +204,7 @@ std::string write_zip(const std::vector<std::pair<std::string, std::string_view>
     put(out, data.size(), 4);
     put(out, data.size(), 4);
     put(out, name.size(), 2);
-    put(out, 0, 2);   // extra
+    put(out, 0, 2);  // extra
     out += name;
     out.append(data.data(), data.size());
 
@@ -208,11 +218,11 @@ std::string write_zip(const std::vector<std::pair<std::string, std::string_view>
     put(central, data.size(), 4);
     put(central, data.size(), 4);
     put(central, name.size(), 2);
-    put(central, 0, 2);   // extra
-    put(central, 0, 2);   // comment
-    put(central, 0, 2);   // disk
-    put(central, 0, 2);   // internal attributes
-    put(central, 0, 4);   // external attributes
+    put(central, 0, 2);  // extra
+    put(central, 0, 2);  // comment
+    put(central, 0, 2);  // disk
+    put(central, 0, 2);  // internal attributes
+    put(central, 0, 4);  // external attributes
     put(central, local, 4);
     central += name;
   }
@@ -228,5 +238,5 @@ std::string write_zip(const std::vector<std::pair<std::string, std::string_view>
   return out;
 }
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -12,8 +12,8 @@ namespace ddp {
 namespace detail {
 
 struct ZipRecord {
-  std::string name;      // e.g. "archive/data.pkl"
-  uint64_t offset = 0;   // of the record's bytes in the file
+  std::string name;     // e.g. "archive/data.pkl"
+  uint64_t offset = 0;  // of the record's bytes in the file
   uint64_t size = 0;
 };
 
@@ -25,5 +25,5 @@ std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where
 /// A zip archive of stored (uncompressed) records, as LibTorch's reader reads them.
 std::string write_zip(const std::vector<std::pair<std::string, std::string_view>>& records);
 
-} // namespace detail
-} // namespace ddp
+}  // namespace detail
+}  // namespace ddp

@@ -42,7 +42,8 @@ int with_debug_group(const std::function<void()>& body,
 
 void expect_has(const ddp_test::ProcessResult& r, const std::string& fragment) {
   EXPECT_NE(r.output.find(fragment), std::string::npos)
-      << "rank " << r.rank << " should say: " << fragment << "\n--- its output:\n" << r.output;
+      << "rank " << r.rank << " should say: " << fragment << "\n--- its output:\n"
+      << r.output;
 }
 
 DDP_SCENARIO(debug_skipped_all_reduce) {
@@ -74,7 +75,8 @@ DDP_SCENARIO(debug_different_shapes) {
 
 // PyTorch's variable turns the mode on too (the test sets TORCH_DISTRIBUTED_DEBUG).
 DDP_SCENARIO(torch_debug_env_shapes) {
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(20)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(20)));
   try {
     auto t = at::ones({ddp::get_rank() == 1 ? 5 : 4});
     ddp::all_reduce(t);
@@ -171,7 +173,8 @@ TEST(RendezvousMultiProcTest, ARankThatNeverComesIsNamed) {
 // Rank 1 is stuck (it waits for a file that rank 0 writes only after its barrier has
 // failed), then arrives late and learns it was late.
 DDP_SCENARIO(monitored_barrier_stuck_rank) {
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(30)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(30)));
   const std::string released = std::string(std::getenv("DDP_TEST_DIR")) + "/released";
   if (ddp::get_rank() == 1) {
     if (!ddp_test::wait_for([&] { return std::ifstream(released).good(); },
@@ -202,7 +205,8 @@ TEST_P(DiagnosticsMultiProcTest, MonitoredBarrierNamesAStuckRank) {
 }
 
 DDP_SCENARIO(monitored_barrier_all_arrive) {
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(30)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(30)));
   for (int i = 0; i < 3; ++i) ddp::monitored_barrier(std::chrono::seconds(20));
   ddp::monitored_barrier();  // the group's timeout
   return 0;
@@ -256,4 +260,4 @@ TEST_P(DiagnosticsMultiProcTest, FlightRecorderShowsTheCollectiveNotEveryRankEnt
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DiagnosticsMultiProcTest, ::testing::Values(2, 3));
 
-} // namespace
+}  // namespace

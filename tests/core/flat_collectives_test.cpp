@@ -52,10 +52,9 @@ void run_groups(int world, bool fallback, const std::function<void(ddp::ProcessG
   });
 }
 
-} // namespace
+}  // namespace
 
-class FlatCollectivesTest
-    : public ::testing::TestWithParam<std::tuple<int, int64_t, bool>> {};
+class FlatCollectivesTest : public ::testing::TestWithParam<std::tuple<int, int64_t, bool>> {};
 
 // Rank r's input chunk c holds 100 * r + 10 * c + i; the sum of chunk c over ranks is
 // 100 * W(W-1)/2 + W * (10 * c + i).
@@ -123,18 +122,18 @@ TEST_P(FlatCollectivesTest, WrongSizesAreNamed) {
                         " elements, but world_size (" + std::to_string(pg.size()) + ")"),
               std::string::npos);
     at::Tensor wrong_dtype = at::zeros({n * pg.size()}, at::kDouble);
-    EXPECT_NE(ddp_test::error_of([&] { pg.all_gather_into_tensor(wrong_dtype, out); })
-                  .find("the flat tensor is Double but the chunk is Float"),
+    EXPECT_NE(ddp_test::error_of([&] {
+                pg.all_gather_into_tensor(wrong_dtype, out);
+              }).find("the flat tensor is Double but the chunk is Float"),
               std::string::npos);
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, FlatCollectivesTest,
-    ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values<int64_t>(0, 5),
-                       ::testing::Bool()),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_numel" +
-             std::to_string(std::get<1>(info.param)) +
-             (std::get<2>(info.param) ? "_fallback" : "_native");
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, FlatCollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3),
+                                            ::testing::Values<int64_t>(0, 5), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_numel" +
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_fallback" : "_native");
+                         });

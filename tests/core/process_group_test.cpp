@@ -53,25 +53,33 @@ class ScopedEnv {
 
 // Clears every launcher variable so a test starts from nothing.
 ScopedEnv clean_env() {
-  return ScopedEnv({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr},
-                    {"LOCAL_WORLD_SIZE", nullptr}, {"MASTER_ADDR", nullptr},
-                    {"MASTER_PORT", nullptr}, {"SLURM_PROCID", nullptr},
-                    {"SLURM_NTASKS", nullptr}, {"SLURM_LOCALID", nullptr},
-                    {"SLURM_NTASKS_PER_NODE", nullptr}, {"OMPI_COMM_WORLD_RANK", nullptr},
-                    {"OMPI_COMM_WORLD_SIZE", nullptr}, {"OMPI_COMM_WORLD_LOCAL_RANK", nullptr},
-                    {"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr}, {"DDP_RENDEZVOUS_DIR", nullptr}});
+  return ScopedEnv({{"RANK", nullptr},
+                    {"WORLD_SIZE", nullptr},
+                    {"LOCAL_RANK", nullptr},
+                    {"LOCAL_WORLD_SIZE", nullptr},
+                    {"MASTER_ADDR", nullptr},
+                    {"MASTER_PORT", nullptr},
+                    {"SLURM_PROCID", nullptr},
+                    {"SLURM_NTASKS", nullptr},
+                    {"SLURM_LOCALID", nullptr},
+                    {"SLURM_NTASKS_PER_NODE", nullptr},
+                    {"OMPI_COMM_WORLD_RANK", nullptr},
+                    {"OMPI_COMM_WORLD_SIZE", nullptr},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", nullptr},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+                    {"DDP_RENDEZVOUS_DIR", nullptr}});
 }
 
 using ddp_test::error_of;
 
-} // namespace
+}  // namespace
 
 // ---- Environment -----------------------------------------------------------------
 
 TEST(EnvTest, ReadsTorchrunVariables) {
   auto env = clean_env();
-  ScopedEnv set({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                 {"LOCAL_WORLD_SIZE", "2"}});
+  ScopedEnv set(
+      {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}});
   auto info = ddp::rank_info_from_env();
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
@@ -91,8 +99,10 @@ TEST(EnvTest, FallsBackToSlurmThenOpenMpi) {
     EXPECT_EQ(info.local_rank, 1);
   }
   {
-    ScopedEnv set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
+    ScopedEnv set({{"OMPI_COMM_WORLD_RANK", "2"},
+                   {"OMPI_COMM_WORLD_SIZE", "3"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
     auto info = ddp::rank_info_from_env();
     EXPECT_EQ(info.source, "openmpi");
     EXPECT_EQ(info.rank, 2);
@@ -101,8 +111,8 @@ TEST(EnvTest, FallsBackToSlurmThenOpenMpi) {
   }
   {
     // torchrun's variables win when both are present.
-    ScopedEnv set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "5"},
-                   {"SLURM_NTASKS", "8"}});
+    ScopedEnv set(
+        {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}});
     EXPECT_EQ(ddp::rank_info_from_env().source, "torchrun");
   }
 }
@@ -131,8 +141,8 @@ TEST(EnvTest, NegativeOrNonNumericIsAnError) {
         << msg;
   }
   {
-    ScopedEnv set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "80x"},
-                   {"LOCAL_WORLD_SIZE", "2"}});
+    ScopedEnv set(
+        {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "80x"}, {"LOCAL_WORLD_SIZE", "2"}});
     const std::string msg = error_of([] { ddp::init_process_group(); });
     EXPECT_NE(msg.find("MASTER_PORT must be a non-negative integer, but got '80x'"),
               std::string::npos)
@@ -143,18 +153,16 @@ TEST(EnvTest, NegativeOrNonNumericIsAnError) {
 TEST(EnvTest, MissingRankNamesTheFix) {
   auto env = clean_env();
   const std::string msg = error_of([] { ddp::init_process_group(); });
-  EXPECT_NE(msg.find("needs this process's rank and the world size"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("needs this process's rank and the world size"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ddprun"), std::string::npos) << msg;
 }
 
 TEST(EnvTest, MasterAddrMissingOnMultiHost) {
   auto env = clean_env();
-  ScopedEnv set({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
-                 {"MASTER_PORT", "29500"}});
+  ScopedEnv set(
+      {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
   const std::string msg = error_of([] { ddp::init_process_group(); });
-  EXPECT_NE(msg.find("MASTER_ADDR is not set, but this is a multi-host run"),
-            std::string::npos)
+  EXPECT_NE(msg.find("MASTER_ADDR is not set, but this is a multi-host run"), std::string::npos)
       << msg;
   EXPECT_FALSE(ddp::is_initialized());
 }
@@ -193,9 +201,8 @@ TEST(ProcessGroupTest, BadOptionsNameTheValue) {
 TEST(ProcessGroupTest, NcclUnavailableNamesTheFix) {
   if (ddp::is_nccl_available()) GTEST_SKIP() << "this build has NCCL";
   auto env = clean_env();
-  const std::string msg = error_of([] {
-    ddp::init_process_group(ddp::InitOptions().backend("nccl").rank(0).world_size(1));
-  });
+  const std::string msg = error_of(
+      [] { ddp::init_process_group(ddp::InitOptions().backend("nccl").rank(0).world_size(1)); });
   EXPECT_NE(msg.find("backend \"nccl\" is not available"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rebuild against a CUDA LibTorch"), std::string::npos) << msg;
   EXPECT_FALSE(ddp::is_initialized());
@@ -212,8 +219,8 @@ TEST(ProcessGroupTest, LoadedNcclIsTheCompiledOne) {
   if (!ddp::is_nccl_available()) GTEST_SKIP() << "this build has no NCCL";
   const std::string versions = ddp::detail::nccl_versions();
   const std::string compiled = versions.substr(0, versions.find(','));
-  EXPECT_NE(versions.find("loaded " + compiled.substr(compiled.find(' ') + 1)),
-            std::string::npos) << versions;
+  EXPECT_NE(versions.find("loaded " + compiled.substr(compiled.find(' ') + 1)), std::string::npos)
+      << versions;
   EXPECT_NO_THROW(ddp::detail::check_nccl_runtime(0)) << versions;
 }
 
@@ -226,8 +233,8 @@ TEST(ProcessGroupTest, NcclWithoutAGpuNamesTheCause) {
     ddp::init_process_group(ddp::InitOptions().backend("nccl").rank(1).world_size(2).init_method(
         "file://" + dir.file("store")));
   });
-  EXPECT_NE(msg.find("backend \"nccl\" needs a CUDA GPU, but rank 1 sees none"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("backend \"nccl\" needs a CUDA GPU, but rank 1 sees none"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("Use backend \"gloo\""), std::string::npos) << msg;
   EXPECT_FALSE(ddp::is_initialized());
 }
@@ -235,8 +242,9 @@ TEST(ProcessGroupTest, NcclWithoutAGpuNamesTheCause) {
 TEST(ProcessGroupTest, CallsBeforeInitAndAfterDestroyAreErrors) {
   auto env = clean_env();
   ASSERT_FALSE(ddp::is_initialized());
-  EXPECT_NE(error_of([] { ddp::get_rank(); }).find("not initialised: call "
-                                                   "ddp::init_process_group() first"),
+  EXPECT_NE(error_of([] { ddp::get_rank(); })
+                .find("not initialised: call "
+                      "ddp::init_process_group() first"),
             std::string::npos);
   auto t = at::ones({2});
   EXPECT_NE(error_of([&] { ddp::all_reduce(t); }).find("not initialised"), std::string::npos);
@@ -338,8 +346,9 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(2, 3, 4)
 TEST(ProcessGroupTest, AvgOfIntegersIsAnError) {
   auto pg = ddp::ProcessGroup::create(ddp::InitOptions().rank(0).world_size(1));
   auto t = at::ones({2}, at::kInt);
-  EXPECT_NE(error_of([&] { pg->all_reduce(t, ddp::ReduceOp::AVG); })
-                .find("AVG needs a floating-point tensor"),
+  EXPECT_NE(error_of([&] {
+              pg->all_reduce(t, ddp::ReduceOp::AVG);
+            }).find("AVG needs a floating-point tensor"),
             std::string::npos);
 }
 
@@ -377,12 +386,11 @@ TEST(ProcessGroupTest, PortInUseIsAnError) {
   // Another program listens on the port; rank 0 cannot serve its store there.
   ddp_test::HeldPort other;
   const std::string msg = error_of([&] {
-    ddp::ProcessGroup::create(
-        ddp::InitOptions()
-            .init_method("tcp://127.0.0.1:" + std::to_string(other.port()))
-            .rank(0)
-            .world_size(2)
-            .timeout(std::chrono::seconds(4)));
+    ddp::ProcessGroup::create(ddp::InitOptions()
+                                  .init_method("tcp://127.0.0.1:" + std::to_string(other.port()))
+                                  .rank(0)
+                                  .world_size(2)
+                                  .timeout(std::chrono::seconds(4)));
   });
   EXPECT_NE(msg.find("the port is already in use"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(other.port())), std::string::npos) << msg;
@@ -393,17 +401,14 @@ TEST(ProcessGroupTest, HandedOverListenSocketMustMatchThePort) {
   const std::string fd_text = std::to_string(other.fd());
   ScopedEnv fd({{"DDP_MASTER_LISTEN_FD", fd_text.c_str()}});
   const std::string msg = error_of([&] {
-    ddp::ProcessGroup::create(
-        ddp::InitOptions()
-            .init_method("tcp://127.0.0.1:" + std::to_string(held.port()))
-            .rank(0)
-            .world_size(2)
-            .timeout(std::chrono::seconds(4)));
+    ddp::ProcessGroup::create(ddp::InitOptions()
+                                  .init_method("tcp://127.0.0.1:" + std::to_string(held.port()))
+                                  .rank(0)
+                                  .world_size(2)
+                                  .timeout(std::chrono::seconds(4)));
   });
-  EXPECT_NE(msg.find("listens on port " + std::to_string(other.port())), std::string::npos)
-      << msg;
-  EXPECT_NE(msg.find("master port is " + std::to_string(held.port())), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("listens on port " + std::to_string(other.port())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("master port is " + std::to_string(held.port())), std::string::npos) << msg;
 }
 
 TEST(ProcessGroupTest, TcpInitOnThreads) {
@@ -425,8 +430,8 @@ TEST(ProcessGroupTest, TcpInitOnThreads) {
 // ---- Real processes --------------------------------------------------------------
 
 DDP_SCENARIO(env_all_reduce) {
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(
-      std::chrono::seconds(60)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(60)));
   const int r = ddp::get_rank(), n = ddp::get_world_size();
   auto t = at::full({1000}, static_cast<float>(r + 1));
   ddp::all_reduce(t);
@@ -443,8 +448,8 @@ DDP_SCENARIO(env_all_reduce) {
 
 // Started by ddprun (tests/ddprun/test_two_hosts.py): any layout, one host or several.
 DDP_SCENARIO(launcher_all_reduce) {
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo").timeout(
-      std::chrono::seconds(60)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(60)));
   const int r = ddp::get_rank(), n = ddp::get_world_size();
   auto t = at::full({1 << 16}, static_cast<float>(r + 1));
   ddp::all_reduce(t);
@@ -467,10 +472,10 @@ TEST_P(MultiProcTest, EnvInitWithMasterPortOnOneHost) {
   ProcessOptions o;
   o.launcher_env = false;
   const int n = GetParam();
-  o.env = {{"RANK", "{rank}"}, {"WORLD_SIZE", std::to_string(n)},
-           {"LOCAL_RANK", "{rank}"}, {"LOCAL_WORLD_SIZE", std::to_string(n)},
+  o.env = {{"RANK", "{rank}"},           {"WORLD_SIZE", std::to_string(n)},
+           {"LOCAL_RANK", "{rank}"},     {"LOCAL_WORLD_SIZE", std::to_string(n)},
            {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
-           {"DDP_RENDEZVOUS_DIR", ""}, {"OMP_NUM_THREADS", "1"}};
+           {"DDP_RENDEZVOUS_DIR", ""},   {"OMP_NUM_THREADS", "1"}};
   // On one host the store is a file under TMPDIR named after MASTER_PORT, and TMPDIR is
   // this test's own: the port number needs no probing.
   TempDir tmp;
@@ -522,8 +527,7 @@ DDP_SCENARIO(listening_sockets) {
       ++bad;
     }
   }
-  std::printf("own sockets %zu, listeners %d, outside loopback %d\n", mine.size(),
-              listeners, bad);
+  std::printf("own sockets %zu, listeners %d, outside loopback %d\n", mine.size(), listeners, bad);
   return bad == 0 && !mine.empty() ? 0 : 6;
 }
 
@@ -576,4 +580,4 @@ TEST(ErrorTextTest, OwnErrorsEndWithTheExplanation) {
   }
 }
 
-} // namespace
+}  // namespace

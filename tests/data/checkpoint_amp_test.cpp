@@ -54,7 +54,7 @@ c10::impl::GenericDict scaler_entry(const std::string& path) {
   return ddp::detail::as_dict(top.at("scaler"), "'scaler'", "test");
 }
 
-} // namespace
+}  // namespace
 
 // Eight steps straight, against three steps, a checkpoint, and five more steps in fresh
 // objects loaded from it: the same parameters, optimizer state and scaler state. The
@@ -70,10 +70,9 @@ TEST(CheckpointAmpTest, ResumeWithTheScalerContinuesBitIdentically) {
   auto first_opt = ddp_test::make_optimizer("sgd", first, 0.05);
   GradScaler first_scaler(scaler_options());
   train_amp(first, *first_opt, first_scaler, 0, 3);
-  ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*first)
-                                             .optimizer(first_opt.get())
-                                             .grad_scaler(&first_scaler)
-                                             .step(3));
+  ddp::save_checkpoint(
+      dir.file("c.pt"),
+      Checkpoint(*first).optimizer(first_opt.get()).grad_scaler(&first_scaler).step(3));
 
   for (const bool with_scaler : {true, false}) {
     Net resumed = make_net(9);
@@ -83,10 +82,9 @@ TEST(CheckpointAmpTest, ResumeWithTheScalerContinuesBitIdentically) {
     ck.optimizer(resumed_opt.get()).grad_scaler(with_scaler ? &resumed_scaler : nullptr);
     ddp::load_checkpoint(dir.file("c.pt"), ck);
     train_amp(resumed, *resumed_opt, resumed_scaler, 3, 8);
-    const bool same_scaler =
-        resumed_scaler.get_scale() == straight_scaler.get_scale() &&
-        resumed_scaler.state_dict().at("_growth_tracker") ==
-            straight_scaler.state_dict().at("_growth_tracker");
+    const bool same_scaler = resumed_scaler.get_scale() == straight_scaler.get_scale() &&
+                             resumed_scaler.state_dict().at("_growth_tracker") ==
+                                 straight_scaler.state_dict().at("_growth_tracker");
     if (with_scaler) {
       ddp_test::expect_same_model(*resumed, *straight);
       EXPECT_TRUE(same_scaler) << "scale " << resumed_scaler.get_scale() << " vs "
@@ -161,17 +159,16 @@ TEST(CheckpointAmpPythonTest, PythonGradScalerLoadsTheScalerState) {
   ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net).grad_scaler(&scaler));
 
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-          "/tests/data/python/checkpoint_reference.py scaler " + dir.file("c.pt") + " " +
-          dir.file("report.json"),
-      &output);
+  const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                           "/tests/data/python/checkpoint_reference.py scaler " +
+                                           dir.file("c.pt") + " " + dir.file("report.json"),
+                                       &output);
   ASSERT_EQ(rc, 0) << output;
   std::ifstream in(dir.file("report.json"));
   const json report = json::parse(in);
   EXPECT_EQ(report["type"], "dict");
-  EXPECT_EQ(report["keys"], json({"scale", "growth_factor", "backoff_factor",
-                                  "growth_interval", "_growth_tracker"}));
+  EXPECT_EQ(report["keys"], json({"scale", "growth_factor", "backoff_factor", "growth_interval",
+                                  "_growth_tracker"}));
   EXPECT_EQ(report["types"], json({{"scale", "float"},
                                    {"growth_factor", "float"},
                                    {"backoff_factor", "float"},

@@ -210,4 +210,3 @@ TEST_F(CheckpointErrorTest, PlainStateDictIsNotACheckpoint) {
   EXPECT_EQ(ddp::read_state_dict(dir.file("good.pt")).size(),
             ddp::read_state_dict(dir.file("sd.pt")).size());
 }
-

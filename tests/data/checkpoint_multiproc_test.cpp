@@ -34,8 +34,8 @@ namespace {
 
 constexpr int64_t kSamples = 48;
 constexpr int64_t kBatch = 4;
-constexpr int64_t kEpochs = 2;  // 2 ranks: 24 samples, 6 steps per epoch, 12 in all
-constexpr int64_t kKillStep = 9;  // epoch 1, 3 of its 6 steps done
+constexpr int64_t kEpochs = 2;      // 2 ranks: 24 samples, 6 steps per epoch, 12 in all
+constexpr int64_t kKillStep = 9;    // epoch 1, 3 of its 6 steps done
 constexpr int64_t kResumeStep = 8;  // checkpoints every 2 steps
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -90,9 +90,9 @@ DDP_SCENARIO(ckpt_train) {
   Tiny model;
   torch::manual_seed(100 + rank);  // each rank its own dropout masks
   ddp::DistributedSampler sampler(kSamples, ddp::DistributedSamplerOptions().seed(3));
-  auto loader = torch::data::make_data_loader(
-      XYDataset().map(torch::data::transforms::Stack<>()), sampler,
-      torch::data::DataLoaderOptions().batch_size(kBatch));
+  auto loader =
+      torch::data::make_data_loader(XYDataset().map(torch::data::transforms::Stack<>()), sampler,
+                                    torch::data::DataLoaderOptions().batch_size(kBatch));
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   const ddp::CheckpointOptions where =
@@ -106,8 +106,8 @@ DDP_SCENARIO(ckpt_train) {
     start_epoch = ckpt.epoch();
     step = ckpt.step();
     std::printf("rank %d resumed from %s at step %lld, epoch %lld, position %zu\n", rank,
-                path->c_str(), static_cast<long long>(step),
-                static_cast<long long>(start_epoch), sampler.position());
+                path->c_str(), static_cast<long long>(step), static_cast<long long>(start_epoch),
+                sampler.position());
   }
   ckpt.rng(true);
 
@@ -149,10 +149,10 @@ DDP_SCENARIO(ckpt_save_loop) {
   // The kill moment is random; the seed is printed so that a failure can be replayed
   // with DDP_CKPT_SEED.
   const std::string seed_text = env_or("DDP_CKPT_SEED", "");
-  const unsigned seed = seed_text.empty() ? std::random_device{}()
-                                          : static_cast<unsigned>(std::stoul(seed_text));
-  std::fprintf(stderr, "ckpt_save_loop: fault injection seed %u (replay: DDP_CKPT_SEED=%u)\n",
-               seed, seed);
+  const unsigned seed =
+      seed_text.empty() ? std::random_device{}() : static_cast<unsigned>(std::stoul(seed_text));
+  std::fprintf(stderr, "ckpt_save_loop: fault injection seed %u (replay: DDP_CKPT_SEED=%u)\n", seed,
+               seed);
   std::mt19937 rng(seed);
   const int max_delay_us = std::stoi(env_or("DDP_CKPT_DELAY_US", "50000"));
   for (int64_t step = 1;; ++step) {
@@ -205,8 +205,8 @@ std::string self_exe() {
 
 // The uninterrupted reference: 2 ranks, 2 epochs.
 void run_reference(const TempDir& tmp) {
-  const auto results = run_processes(2, "ckpt_train",
-                                     train_env(tmp.file("full"), tmp.file("full.pt")));
+  const auto results =
+      run_processes(2, "ckpt_train", train_env(tmp.file("full"), tmp.file("full.pt")));
   ddp_test::expect_all_ok(results);
   for (const auto& r : results) {
     EXPECT_TRUE(contains(r.output, "finished: steps_run=12 step=12")) << r.output;
@@ -214,7 +214,7 @@ void run_reference(const TempDir& tmp) {
   }
 }
 
-} // namespace
+}  // namespace
 
 TEST(CheckpointMultiProcTest, KilledAndResumedRunEndsBitIdentical) {
   TempDir tmp;
@@ -229,8 +229,8 @@ TEST(CheckpointMultiProcTest, KilledAndResumedRunEndsBitIdentical) {
   }
   const auto latest = ddp::latest_checkpoint(ddp::CheckpointOptions(tmp.file("resume")));
   ASSERT_EQ(latest, tmp.file("resume/ckpt-" + std::to_string(kResumeStep) + ".pt"));
-  ASSERT_EQ(ddp_test::run_command("cp -r '" + tmp.file("resume") + "' '" +
-                                  tmp.file("control") + "'"),
+  ASSERT_EQ(ddp_test::run_command("cp -r '" + tmp.file("resume") + "' '" + tmp.file("control") +
+                                  "'"),
             0);
 
   const auto resumed =

@@ -34,7 +34,7 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
-} // namespace
+}  // namespace
 
 class CheckpointPythonTest : public ::testing::TestWithParam<std::string> {};
 
@@ -56,25 +56,22 @@ TEST_P(CheckpointPythonTest, PythonLoadsTheCheckpointAndContinuesTraining) {
   }
   train_step(net, *opt, 0);
   train_step(net, *opt, 1);
-  ddp::DistributedSampler sampler(
-      10, ddp::DistributedSamplerOptions().num_replicas(1).rank(0).seed(4));
+  ddp::DistributedSampler sampler(10,
+                                  ddp::DistributedSamplerOptions().num_replicas(1).rank(0).seed(4));
   sampler.next(3);
   ddp::CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
   extra.insert("note", std::string("from C++"));
   extra.insert("x", ddp_test::batch_for(2).first);
   extra.insert("y", ddp_test::batch_for(2).second);
-  ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net)
-                                             .optimizer(opt.get())
-                                             .sampler(&sampler)
-                                             .epoch(1)
-                                             .step(2)
-                                             .extra(extra));
+  ddp::save_checkpoint(
+      dir.file("c.pt"),
+      Checkpoint(*net).optimizer(opt.get()).sampler(&sampler).epoch(1).step(2).extra(extra));
 
   std::string output;
-  const int rc = ddp_test::run_command(reference_script() + " continue " + dir.file("c.pt") +
-                                           " " + kind + " " + dir.file("py.pt") + " " +
-                                           dir.file("report.json"),
-                                       &output);
+  const int rc =
+      ddp_test::run_command(reference_script() + " continue " + dir.file("c.pt") + " " + kind +
+                                " " + dir.file("py.pt") + " " + dir.file("report.json"),
+                            &output);
   ASSERT_EQ(rc, 0) << output;
   std::ifstream in(dir.file("report.json"));
   const json report = json::parse(in);
@@ -126,8 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CheckpointPythonTest, ::testing::Values("sg
 TEST(CheckpointPythonStateDictTest, CppLoadsAPythonStateDict) {
   ddp_test::TempDir dir;
   std::string output;
-  const int rc = ddp_test::run_command(reference_script() + " export " + dir.file("sd.pt") +
-                                           " " + dir.file("io.pt") + " " + dir.file("one.pt"),
+  const int rc = ddp_test::run_command(reference_script() + " export " + dir.file("sd.pt") + " " +
+                                           dir.file("io.pt") + " " + dir.file("one.pt"),
                                        &output);
   ASSERT_EQ(rc, 0) << output;
   const auto sd = ddp::read_state_dict(dir.file("sd.pt"));

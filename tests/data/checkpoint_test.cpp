@@ -32,10 +32,17 @@ TEST(StateDictTest, KeysAndOrderAsInPyTorch) {
   std::vector<std::string> keys;
   for (const auto& e : ddp::model_state_dict(*net)) keys.push_back(e.key());
   // Python's Module.state_dict(): own parameters, own buffers, then children in order.
-  const std::vector<std::string> python{
-      "conv1.weight",      "conv1.bias",         "bn1.weight",    "bn1.bias",
-      "bn1.running_mean",  "bn1.running_var",    "bn1.num_batches_tracked",
-      "head.0.weight",     "head.0.bias",        "head.2.weight", "head.2.bias"};
+  const std::vector<std::string> python{"conv1.weight",
+                                        "conv1.bias",
+                                        "bn1.weight",
+                                        "bn1.bias",
+                                        "bn1.running_mean",
+                                        "bn1.running_var",
+                                        "bn1.num_batches_tracked",
+                                        "head.0.weight",
+                                        "head.0.bias",
+                                        "head.2.weight",
+                                        "head.2.bias"};
   EXPECT_EQ(keys, python);
   // The entries are the model's tensors, not copies.
   EXPECT_EQ(ddp::model_state_dict(*net).at("conv1.weight").data_ptr(),
@@ -182,14 +189,16 @@ TEST(CheckpointTest, EveryRankCanReadTheFileAsSoonAsSaveReturns) {
   ddp_test::TempDir out;
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
     Net net = make_net(1);
-    ddp::DistributedSampler sampler(
-        30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
+    ddp::DistributedSampler sampler(30,
+                                    ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(
+                                        pg.rank()));
     sampler.next(static_cast<size_t>(pg.rank() + 1));  // a different position per rank
-    ddp::save_checkpoint(out.file("c.pt"),
-                         Checkpoint(*net).sampler(&sampler).process_group(ddp_test::borrow(pg)).step(7));
+    ddp::save_checkpoint(
+        out.file("c.pt"),
+        Checkpoint(*net).sampler(&sampler).process_group(ddp_test::borrow(pg)).step(7));
     // No barrier here: save_checkpoint returned, so the file is complete.
-    ddp::DistributedSampler fresh(
-        30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(pg.rank()));
+    ddp::DistributedSampler fresh(30, ddp::DistributedSamplerOptions().num_replicas(pg.size()).rank(
+                                          pg.rank()));
     Net other = make_net(2);
     Checkpoint ck(*other);
     ck.sampler(&fresh).process_group(ddp_test::borrow(pg));
@@ -205,12 +214,14 @@ TEST(CheckpointTest, RankZeroFailureFailsEveryRank) {
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     Net net = make_net(1);
     errors[pg.rank()] = error_of([&] {
-      ddp::save_checkpoint(out.file("missing/dir/c.pt"), Checkpoint(*net).process_group(ddp_test::borrow(pg)));
+      ddp::save_checkpoint(out.file("missing/dir/c.pt"),
+                           Checkpoint(*net).process_group(ddp_test::borrow(pg)));
     });
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("failed on rank 0 (the rank that writes), so no checkpoint was "
-                             "written; seen on rank " + std::to_string(r)),
+                             "written; seen on rank " +
+                             std::to_string(r)),
               std::string::npos)
         << errors[r];
     EXPECT_NE(errors[r].find("missing/dir"), std::string::npos) << errors[r];

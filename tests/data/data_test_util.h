@@ -37,9 +37,9 @@ struct NetImpl : torch::nn::Module {
   NetImpl()
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)))),
         bn1(register_module("bn1", torch::nn::BatchNorm2d(4))),
-        head(register_module(
-            "head", torch::nn::Sequential(torch::nn::Linear(4 * 4 * 4, 8), torch::nn::ReLU(),
-                                          torch::nn::Linear(8, 3)))) {}
+        head(register_module("head",
+                             torch::nn::Sequential(torch::nn::Linear(4 * 4 * 4, 8),
+                                                   torch::nn::ReLU(), torch::nn::Linear(8, 3)))) {}
   at::Tensor forward(at::Tensor x) {
     x = torch::relu(bn1(conv1(x)));
     return head->forward(x.flatten(1));
@@ -66,21 +66,20 @@ inline void train(Net& net, torch::optim::Optimizer& opt, int64_t from, int64_t 
 }
 
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, Net& net,
-                                                        double lr) {
+                                                               double lr) {
   if (kind == "sgd") {
     return std::make_unique<torch::optim::SGD>(
         net->parameters(), torch::optim::SGDOptions(lr).momentum(0.9).weight_decay(1e-4));
   }
   if (kind == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        net->parameters(), torch::optim::AdamOptions(lr).weight_decay(1e-4));
+    return std::make_unique<torch::optim::Adam>(net->parameters(),
+                                                torch::optim::AdamOptions(lr).weight_decay(1e-4));
   }
   if (kind == "amsgrad") {
     return std::make_unique<torch::optim::Adam>(net->parameters(),
                                                 torch::optim::AdamOptions(lr).amsgrad(true));
   }
-  return std::make_unique<torch::optim::AdamW>(net->parameters(),
-                                               torch::optim::AdamWOptions(lr));
+  return std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(lr));
 }
 
 inline Net make_net(uint64_t seed) {
@@ -125,4 +124,4 @@ struct IndexDataset : torch::data::datasets::Dataset<IndexDataset> {
   size_t n_;
 };
 
-} // namespace ddp_test
+}  // namespace ddp_test

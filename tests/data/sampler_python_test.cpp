@@ -26,8 +26,8 @@ json run_reference(const ddp_test::TempDir& dir, const json& spec) {
   std::ofstream(spec_path) << spec.dump();
   std::string output;
   const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                           "/tests/data/python/sampler_reference.py " +
-                                           spec_path + " " + out_path,
+                                           "/tests/data/python/sampler_reference.py " + spec_path +
+                                           " " + out_path,
                                        &output);
   EXPECT_EQ(rc, 0) << output;
   std::ifstream in(out_path);
@@ -35,7 +35,7 @@ json run_reference(const ddp_test::TempDir& dir, const json& spec) {
   return json::parse(in);
 }
 
-} // namespace
+}  // namespace
 
 // The whole grid in one Python run: sizes below, at and above the world size, divisible
 // or not, both drop_last values, shuffle on and off, several seeds and epochs, every
@@ -45,8 +45,8 @@ TEST(SamplerPythonTest, MatchesTorchDistributedSamplerOverAGrid) {
     int64_t seed;
     int64_t epoch;
   };
-  const std::vector<SeedEpoch> shuffled{{0, 0}, {0, 1}, {0, 7}, {42, 0}, {42, 3},
-                                        {-5, 2}, {(int64_t{1} << 40) + 3, 1}};
+  const std::vector<SeedEpoch> shuffled{
+      {0, 0}, {0, 1}, {0, 7}, {42, 0}, {42, 3}, {-5, 2}, {(int64_t{1} << 40) + 3, 1}};
   const std::vector<SeedEpoch> unshuffled{{0, 0}, {42, 3}};
   json spec;
   spec["cases"] = json::array();
@@ -57,9 +57,13 @@ TEST(SamplerPythonTest, MatchesTorchDistributedSamplerOverAGrid) {
         for (bool shuffle : {false, true}) {
           for (const auto& se : shuffle ? shuffled : unshuffled) {
             for (int64_t rank = 0; rank < replicas; ++rank) {
-              spec["cases"].push_back({{"n", n}, {"num_replicas", replicas}, {"rank", rank},
-                                       {"shuffle", shuffle}, {"seed", se.seed},
-                                       {"epoch", se.epoch}, {"drop_last", drop_last}});
+              spec["cases"].push_back({{"n", n},
+                                       {"num_replicas", replicas},
+                                       {"rank", rank},
+                                       {"shuffle", shuffle},
+                                       {"seed", se.seed},
+                                       {"epoch", se.epoch},
+                                       {"drop_last", drop_last}});
             }
           }
         }
@@ -100,13 +104,14 @@ TEST(SamplerPythonTest, RandpermMatchesPythonForSmallAndLargeN) {
     int64_t n;
     int64_t seed;
   };
-  const std::vector<Case> cases{{1, 0},        {2, 3},          {17, 0},      {1000, 99},
-                                {65536, 1},    {1 << 20, 0},    {3000017, 7}, {5, -1}};
+  const std::vector<Case> cases{{1, 0},     {2, 3},       {17, 0},      {1000, 99},
+                                {65536, 1}, {1 << 20, 0}, {3000017, 7}, {5, -1}};
   json spec;
   spec["cases"] = json::array();
   spec["randperm"] = json::array();
   for (size_t i = 0; i < cases.size(); ++i) {
-    spec["randperm"].push_back({{"n", cases[i].n}, {"seed", cases[i].seed},
+    spec["randperm"].push_back({{"n", cases[i].n},
+                                {"seed", cases[i].seed},
                                 {"path", dir.file("perm" + std::to_string(i) + ".bin")}});
   }
   const json ref = run_reference(dir, spec);

@@ -28,8 +28,12 @@ namespace {
 
 DistributedSamplerOptions layout(int64_t replicas, int64_t rank, bool shuffle = true,
                                  bool drop_last = false) {
-  return DistributedSamplerOptions().num_replicas(replicas).rank(rank).shuffle(shuffle).seed(
-      7).drop_last(drop_last);
+  return DistributedSamplerOptions()
+      .num_replicas(replicas)
+      .rank(rank)
+      .shuffle(shuffle)
+      .seed(7)
+      .drop_last(drop_last);
 }
 
 std::vector<size_t> rest_of(DistributedSampler& s) {
@@ -48,7 +52,7 @@ std::multiset<size_t> seen_by(const std::vector<std::vector<size_t>>& shares,
   return seen;
 }
 
-} // namespace
+}  // namespace
 
 TEST(SamplerReshardTest, HandComputedSplit) {
   // 10 samples in order over 3 ranks, padded to 12: rank 0 {0,3,6,9}, 1 {1,4,7,0},

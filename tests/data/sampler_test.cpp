@@ -35,7 +35,7 @@ std::vector<size_t> drain(DistributedSampler& sampler, size_t batch_size) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 // Every rank gets ceil(n / R) indices; together they are the permutation padded by its
 // own head, interleaved by rank (Python's indices[rank:total:R]).
@@ -123,9 +123,10 @@ TEST(SamplerTest, ResetWithNewSizeResizes) {
 TEST(SamplerTest, DataLoaderFollowsSetEpoch) {
   const size_t n = 20;
   DistributedSampler sampler(n, opts(2, 1).seed(3));
-  auto loader = torch::data::make_data_loader(
-      ddp_test::IndexDataset(n).map(torch::data::transforms::Stack<>()), sampler,
-      torch::data::DataLoaderOptions().batch_size(4));
+  auto loader =
+      torch::data::make_data_loader(ddp_test::IndexDataset(n).map(
+                                        torch::data::transforms::Stack<>()),
+                                    sampler, torch::data::DataLoaderOptions().batch_size(4));
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     sampler.set_epoch(epoch);
     std::vector<size_t> got;
@@ -153,9 +154,10 @@ TEST(SamplerTest, ResumesMidEpochThroughADataLoader) {
   DistributedSampler second(n, opts(3, 2).seed(11));
   second.load_state(saved);
   second.set_epoch(4);  // the training loop's call for the restored epoch keeps the position
-  auto loader = torch::data::make_data_loader(
-      ddp_test::IndexDataset(n).map(torch::data::transforms::Stack<>()), second,
-      torch::data::DataLoaderOptions().batch_size(3));
+  auto loader =
+      torch::data::make_data_loader(ddp_test::IndexDataset(n).map(
+                                        torch::data::transforms::Stack<>()),
+                                    second, torch::data::DataLoaderOptions().batch_size(3));
   std::vector<size_t> got;
   for (auto& batch : *loader) {
     for (int64_t i = 0; i < batch.data.size(0); ++i) {
@@ -210,8 +212,9 @@ TEST(SamplerTest, MidEpochStateFromOtherSettingsIsRefused) {
   EXPECT_EQ(other_seed.position(), 0u) << "a refused state must change nothing";
 
   DistributedSampler other_world(40, opts(4, 0).seed(1));
-  EXPECT_NE(error_of([&] { other_world.load_state(st); })
-                .find("num_replicas=2 but this sampler has num_replicas=4"),
+  EXPECT_NE(error_of([&] {
+              other_world.load_state(st);
+            }).find("num_replicas=2 but this sampler has num_replicas=4"),
             std::string::npos);
   // At an epoch boundary only the epoch matters.
   auto boundary = st;
@@ -223,8 +226,7 @@ TEST(SamplerTest, MidEpochStateFromOtherSettingsIsRefused) {
 
 TEST(SamplerTest, ErrorsSayWhatWasExpectedAndWhatToDo) {
   std::string msg = error_of([] { DistributedSampler(10, opts(2, 2)); });
-  EXPECT_NE(msg.find("rank must be in 0..1 (num_replicas=2), but got 2"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("rank must be in 0..1 (num_replicas=2), but got 2"), std::string::npos) << msg;
   msg = error_of([] { DistributedSampler(10, opts(2, -1)); });
   EXPECT_NE(msg.find("but got -1"), std::string::npos) << msg;
   msg = error_of([] { DistributedSampler(0, opts(2, 0)); });

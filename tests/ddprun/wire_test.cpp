@@ -51,7 +51,8 @@ TEST(Wire, AgentLines) {
 }
 
 TEST(Wire, Node0Lines) {
-  EXPECT_EQ(encode(Node0Message::order(decision(Decision::Start, 0, 0, -1, "abc123", ""))), "go 0 abc123");
+  EXPECT_EQ(encode(Node0Message::order(decision(Decision::Start, 0, 0, -1, "abc123", ""))),
+            "go 0 abc123");
   EXPECT_EQ(encode(Node0Message::order(decision(Decision::Restart, 2, 0, 1, "", "rank 3 failed"))),
             "restart 2 1 rank 3 failed");
   EXPECT_EQ(encode(Node0Message::order(decision(Decision::Exit, 0, 5, 1, "", "rank 3 failed"))),
@@ -98,7 +99,8 @@ TEST(Wire, Node0MessagesRoundTrip) {
   const std::vector<Decision> decisions = {
       decision(Decision::Start, 0, 0, -1, "abc123", ""),
       decision(Decision::Start, 7, 0, -1, "job42", ""),
-      decision(Decision::Restart, 1, 0, 0, "", "rank 1 (pid 9 on a) failed with signal SIGSEGV (11)"),
+      decision(Decision::Restart, 1, 0, 0, "",
+               "rank 1 (pid 9 on a) failed with signal SIGSEGV (11)"),
       decision(Decision::Restart, 2, 0, 1, "", ""),
       decision(Decision::Exit, 0, 130, 1, "", "stopped by SIGINT on b"),
       decision(Decision::Exit, 0, 1, -1, "", ""),  // the hosts did not all join
@@ -111,8 +113,8 @@ TEST(Wire, Node0MessagesRoundTrip) {
     ASSERT_EQ(m.kind, Node0Message::Order);
     expect_same(m.decision, d);
   }
-  const Node0Message refusal =
-      decode_node0_message(encode(Node0Message::refuse("node 0 has --nnodes 2 but this host has 3")));
+  const Node0Message refusal = decode_node0_message(
+      encode(Node0Message::refuse("node 0 has --nnodes 2 but this host has 3")));
   ASSERT_EQ(refusal.kind, Node0Message::Refusal);
   EXPECT_EQ(refusal.refusal, "node 0 has --nnodes 2 but this host has 3");
   EXPECT_EQ(decode_node0_message(encode(Node0Message::ping())).kind, Node0Message::Ping);
@@ -140,28 +142,32 @@ TEST(Wire, EmptyLineIsAHeartbeat) {
 class MalformedAgentLine : public testing::TestWithParam<const char*> {};
 
 TEST_P(MalformedAgentLine, IsInvalid) {
-  EXPECT_EQ(decode_agent_message(GetParam()).kind, AgentMessage::Invalid) << "'" << GetParam() << "'";
+  EXPECT_EQ(decode_agent_message(GetParam()).kind, AgentMessage::Invalid)
+      << "'" << GetParam() << "'";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Lines, MalformedAgentLine,
-    testing::Values("hello", "hello 1 2", "hello 1 2 3 4", "hello a 2 3", "hello 1 2 3x",
-                    "hello 99999999999 2 3", "hello +1 2 3", "fail", "fail 0", "fail x 3 why",
-                    "fail 0 3.5 why", "finished", "finished 1 2", "finished 1x", "stopped",
-                    "stopped -", "stopped --1", "abort", "abort x why", "ping now", "PING", "go 0 abc",
-                    "done", "restart 1 0 why", "bogus words"));
+INSTANTIATE_TEST_SUITE_P(Lines, MalformedAgentLine,
+                         testing::Values("hello", "hello 1 2", "hello 1 2 3 4", "hello a 2 3",
+                                         "hello 1 2 3x", "hello 99999999999 2 3", "hello +1 2 3",
+                                         "fail", "fail 0", "fail x 3 why", "fail 0 3.5 why",
+                                         "finished", "finished 1 2", "finished 1x", "stopped",
+                                         "stopped -", "stopped --1", "abort", "abort x why",
+                                         "ping now", "PING", "go 0 abc", "done", "restart 1 0 why",
+                                         "bogus words"));
 
 class MalformedNode0Line : public testing::TestWithParam<const char*> {};
 
 TEST_P(MalformedNode0Line, IsInvalid) {
-  EXPECT_EQ(decode_node0_message(GetParam()).kind, Node0Message::Invalid) << "'" << GetParam() << "'";
+  EXPECT_EQ(decode_node0_message(GetParam()).kind, Node0Message::Invalid)
+      << "'" << GetParam() << "'";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Lines, MalformedNode0Line,
-    testing::Values("go", "go 0", "go x abc", "go 0 abc extra", "restart", "restart 1", "restart x 0 why",
-                    "restart 1 y why", "abort", "abort 1", "abort x 0 why", "abort 1 0x why", "done now",
-                    "fail 0 3 why", "hello 1 2 3", "stopped 1", "ping now", "2"));
+INSTANTIATE_TEST_SUITE_P(Lines, MalformedNode0Line,
+                         testing::Values("go", "go 0", "go x abc", "go 0 abc extra", "restart",
+                                         "restart 1", "restart x 0 why", "restart 1 y why", "abort",
+                                         "abort 1", "abort x 0 why", "abort 1 0x why", "done now",
+                                         "fail 0 3 why", "hello 1 2 3", "stopped 1", "ping now",
+                                         "2"));
 
 TEST(Wire, SplitWords) {
   using V = std::vector<std::string>;

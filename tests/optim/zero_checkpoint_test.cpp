@@ -41,8 +41,9 @@ zero_test::Wide run_phase(ddp::ProcessGroup& pg, const Phase& phase) {
     ckpt.optimizer(plain.get());
   }
   if (!phase.load.empty()) ddp::load_checkpoint(phase.load, ckpt);
-  auto dmodel = ddp::DistributedDataParallel(
-      model, ddp::DistributedDataParallelOptions().process_group(borrow(pg)));
+  auto dmodel =
+      ddp::DistributedDataParallel(model,
+                                   ddp::DistributedDataParallelOptions().process_group(borrow(pg)));
   torch::optim::Optimizer& opt = phase.zero ? *zero : *plain;
   for (int64_t step = phase.from; step < phase.to; ++step) {
     zero_test::train_step(dmodel, opt, pg.rank(), step);
@@ -57,7 +58,7 @@ struct Resume {
   int resumed_world;
 };
 
-} // namespace
+}  // namespace
 
 class ZeroCheckpointTest : public ::testing::TestWithParam<Resume> {};
 
@@ -86,14 +87,14 @@ TEST_P(ZeroCheckpointTest, ResumesAcrossShardingAndWorldSizes) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Resumes, ZeroCheckpointTest,
-    ::testing::Values(Resume{"adam", 2, 2}, Resume{"adam", 3, 2}, Resume{"adamw", 2, 3},
-                      Resume{"sgd", 3, 2}, Resume{"amsgrad", 3, 1}),
-    [](const auto& info) {
-      return info.param.kind + "_" + std::to_string(info.param.saved_world) + "to" +
-             std::to_string(info.param.resumed_world) + "ranks";
-    });
+INSTANTIATE_TEST_SUITE_P(Resumes, ZeroCheckpointTest,
+                         ::testing::Values(Resume{"adam", 2, 2}, Resume{"adam", 3, 2},
+                                           Resume{"adamw", 2, 3}, Resume{"sgd", 3, 2},
+                                           Resume{"amsgrad", 3, 1}),
+                         [](const auto& info) {
+                           return info.param.kind + "_" + std::to_string(info.param.saved_world) +
+                                  "to" + std::to_string(info.param.resumed_world) + "ranks";
+                         });
 
 // The optimizer's part of a checkpoint, read back by a plain optimizer: every parameter
 // has state, and the step count is the number of steps taken.
@@ -120,8 +121,9 @@ TEST(ZeroCheckpointErrorsTest, AnotherTypeIsNamedAndNothingChanges) {
   });
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     auto model = zero_test::make_wide(11);
-    auto zero = zero_test::make_zero(
-        "adam", model->parameters(), ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
+    auto zero =
+        zero_test::make_zero("adam", model->parameters(),
+                             ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
     ddp::Checkpoint ckpt(*model);
     ckpt.optimizer(zero.get()).process_group(borrow(pg)).rng(false);
     EXPECT_ERROR_HAS(ddp_test::error_of([&] { ddp::load_checkpoint(dir.file("sgd.pt"), ckpt); }),
@@ -171,10 +173,12 @@ TEST(ZeroStateDictTest, ConsolidatedStateLoadsWithAnotherWorldSize) {
   std::vector<at::Tensor> after_three;
   run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
     auto model = zero_test::make_wide(2);
-    auto dmodel = ddp::DistributedDataParallel(
-        model, ddp::DistributedDataParallelOptions().process_group(borrow(pg)));
-    auto zero = zero_test::make_zero("adamw", model->parameters(),
-                                     ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
+    auto dmodel =
+        ddp::DistributedDataParallel(model, ddp::DistributedDataParallelOptions().process_group(
+                                                borrow(pg)));
+    auto zero =
+        zero_test::make_zero("adamw", model->parameters(),
+                             ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
     for (int64_t s = 0; s < 3; ++s) zero_test::train_step(dmodel, *zero, pg.rank(), s);
     zero->consolidate_state_dict(/*to_rank=*/2);
     if (pg.rank() == 2) {
@@ -185,8 +189,9 @@ TEST(ZeroStateDictTest, ConsolidatedStateLoadsWithAnotherWorldSize) {
   });
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     auto model = zero_test::make_wide(2);
-    auto zero = zero_test::make_zero("adamw", model->parameters(),
-                                     ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
+    auto zero =
+        zero_test::make_zero("adamw", model->parameters(),
+                             ddp::ZeroRedundancyOptimizerOptions().process_group(borrow(pg)));
     zero->load_state_dict(saved);
     int64_t shard = 0;
     for (size_t i = 0; i < zero->owners().size(); ++i) shard += zero->owners()[i] == pg.rank();

@@ -36,7 +36,7 @@ std::string self_exe() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
-} // namespace
+}  // namespace
 
 // The training program. Environment: DDP_ZERO_DIR (checkpoints; resumes from the
 // latest), DDP_ZERO_OUT (rank 0 writes the final state dict), DDP_ZERO_KILL_RANK (on the
@@ -51,7 +51,8 @@ DDP_SCENARIO(zero_train) {
   auto model = zero_test::make_wide(21, /*width=*/48);
   ddp::ZeroRedundancyOptimizer optimizer(model->parameters(),
                                          torch::optim::AdamOptions(0.01).weight_decay(1e-4));
-  const ddp::CheckpointOptions where = ddp::CheckpointOptions(env_or("DDP_ZERO_DIR", "")).keep_last(2);
+  const ddp::CheckpointOptions where =
+      ddp::CheckpointOptions(env_or("DDP_ZERO_DIR", "")).keep_last(2);
   ddp::Checkpoint ckpt(*model);
   ckpt.optimizer(&optimizer);
   int64_t step = 0;

@@ -27,8 +27,9 @@ TEST(ZeroCheckpointPythonTest, PythonLoadsAZeroCheckpointAsAPlainAdam) {
     const int r = pg.rank();
     ddp_test::Net net = nets[static_cast<size_t>(r)];
     auto group = ddp_test::borrow(pg);
-    auto dnet = ddp::DistributedDataParallel(
-        net, ddp::DistributedDataParallelOptions().process_group(group));
+    auto dnet =
+        ddp::DistributedDataParallel(net,
+                                     ddp::DistributedDataParallelOptions().process_group(group));
     ddp::ZeroRedundancyOptimizer zero(net->parameters(),
                                       torch::optim::AdamOptions(0.05).weight_decay(1e-4),
                                       ddp::ZeroRedundancyOptimizerOptions().process_group(group));

@@ -29,7 +29,7 @@ ddp::DistributedDataParallelOptions ddp_options(ddp::ProcessGroup& pg) {
   return ddp::DistributedDataParallelOptions().process_group(borrow(pg));
 }
 
-} // namespace
+}  // namespace
 
 // ---- Partition -------------------------------------------------------------------------
 
@@ -78,7 +78,8 @@ TEST_P(ZeroEquivalenceTest, TwentyStepsMatchThePlainOptimizerBitForBit) {
     auto zero = zero_test::make_zero(kind, zero_model->parameters(), zero_options(pg, sync));
     for (int64_t step = 0; step < kSteps; ++step) {
       if (step == kSteps / 2) {
-        for (torch::optim::Optimizer* opt : {plain.get(), static_cast<torch::optim::Optimizer*>(zero.get())}) {
+        for (torch::optim::Optimizer* opt :
+             {plain.get(), static_cast<torch::optim::Optimizer*>(zero.get())}) {
           auto& options = opt->param_groups()[0].options();
           options.set_lr(options.get_lr() / 2);
         }
@@ -99,8 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ParameterSync::kAllGather, ParameterSync::kBroadcast)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param)) +
-             (std::get<2>(info.param) == ParameterSync::kAllGather ? "_allgather"
-                                                                   : "_broadcast");
+             (std::get<2>(info.param) == ParameterSync::kAllGather ? "_allgather" : "_broadcast");
     });
 
 // Two param groups with their own options, one of them with parameters of two dtypes
@@ -207,9 +207,8 @@ TEST(ZeroErrorsTest, ParametersThatDifferAcrossRanksAreNamed) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     std::vector<at::Tensor> params{at::zeros({4}, at::requires_grad())};
     if (pg.rank() == 0) params.push_back(at::zeros({2}, at::requires_grad()));
-    count_errors[static_cast<size_t>(pg.rank())] = ddp_test::error_of([&] {
-      ZeroRedundancyOptimizer(params, torch::optim::SGDOptions(0.1), zero_options(pg));
-    });
+    count_errors[static_cast<size_t>(pg.rank())] = ddp_test::error_of(
+        [&] { ZeroRedundancyOptimizer(params, torch::optim::SGDOptions(0.1), zero_options(pg)); });
   });
   for (const auto& e : count_errors) {
     EXPECT_ERROR_HAS(e, "rank 1 has 1 parameter(s) but rank 0 has 2");
@@ -220,8 +219,7 @@ TEST(ZeroErrorsTest, ParametersThatDifferAcrossRanksAreNamed) {
 TEST(ZeroErrorsTest, NoGroupSaysHowToGetOne) {
   ASSERT_FALSE(ddp::is_initialized());
   const std::string e = ddp_test::error_of([] {
-    ZeroRedundancyOptimizer({at::zeros({2}, at::requires_grad())},
-                            torch::optim::AdamOptions(0.1));
+    ZeroRedundancyOptimizer({at::zeros({2}, at::requires_grad())}, torch::optim::AdamOptions(0.1));
   });
   EXPECT_ERROR_HAS(e, "the default group is not initialised");
   EXPECT_ERROR_HAS(e, "ZeroRedundancyOptimizerOptions().process_group(pg)");
@@ -234,13 +232,11 @@ TEST(ZeroErrorsTest, StateDictBeforeConsolidationAndTorchSave) {
     EXPECT_ERROR_HAS(ddp_test::error_of([&] { zero.state_dict(); }),
                      "Call consolidate_state_dict(to_rank) on every rank first");
     zero.consolidate_state_dict(1);
-    EXPECT_EQ(ddp_test::error_of([&] { zero.state_dict(); }) == "<no exception>",
-              pg.rank() == 1);
+    EXPECT_EQ(ddp_test::error_of([&] { zero.state_dict(); }) == "<no exception>", pg.rank() == 1);
     EXPECT_ERROR_HAS(ddp_test::error_of([&] { zero.consolidate_state_dict(2); }),
                      "to_rank must be in 0..1, but got 2");
     torch::serialize::OutputArchive archive;
-    EXPECT_ERROR_HAS(ddp_test::error_of([&] { zero.save(archive); }),
-                     "Use ddp::save_checkpoint");
+    EXPECT_ERROR_HAS(ddp_test::error_of([&] { zero.save(archive); }), "Use ddp::save_checkpoint");
   });
 }
 

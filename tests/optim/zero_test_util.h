@@ -21,8 +21,8 @@
 #include <vector>
 
 /// Expects error text `message` to contain `fragment`, showing both otherwise.
-#define EXPECT_ERROR_HAS(message, fragment)                                      \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos)              \
+#define EXPECT_ERROR_HAS(message, fragment)                         \
+  EXPECT_NE(std::string(message).find(fragment), std::string::npos) \
       << "expected to find: " << (fragment) << "\n in: " << (message)
 
 namespace zero_test {
@@ -82,8 +82,7 @@ inline std::unique_ptr<ddp::ZeroRedundancyOptimizer> make_zero(
     const std::string& kind, std::vector<at::Tensor> params,
     const ddp::ZeroRedundancyOptimizerOptions& zero_options) {
   return with_options(kind, [&](const auto& options) {
-    return std::make_unique<ddp::ZeroRedundancyOptimizer>(std::move(params), options,
-                                                          zero_options);
+    return std::make_unique<ddp::ZeroRedundancyOptimizer>(std::move(params), options, zero_options);
   });
 }
 
@@ -132,4 +131,4 @@ inline void expect_same_on_every_rank(ddp::ProcessGroup& pg, const torch::nn::Mo
   }
 }
 
-} // namespace zero_test
+}  // namespace zero_test

@@ -52,10 +52,9 @@ bool same_on_every_rank(ddp::ProcessGroup& pg, const at::Tensor& t) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
-class AmpDdpOverflowTest
-    : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+class AmpDdpOverflowTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 // The last rank plants an inf (step 1), a NaN (step 3) and a finite input so large that
 // its gradient overflows float32 (step 4) into its own batch, before DDP's all-reduce.
@@ -98,12 +97,13 @@ TEST_P(AmpDdpOverflowTest, OverflowOnOneRankSkipsTheStepOnEveryRank) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldsAndHooks, AmpDdpOverflowTest,
-    ::testing::Combine(::testing::Values(2, 3), ::testing::Values("allreduce", "fp16", "bf16")),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(WorldsAndHooks, AmpDdpOverflowTest,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values("allreduce", "fp16", "bf16")),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 // Without DDP (each rank steps on its own gradients, as with a sharded optimizer), an inf
 // on rank 1 alone makes rank 1 alone skip, and the replicas part (the control). With
@@ -187,8 +187,10 @@ TEST(AmpDdpTest, AutocastBucketsReduceInTheParametersDtype) {
         return ddp_test::mse(ref->forward(x).to(at::kFloat), y);
       });
       for (size_t i = 0; i < g.size(); ++i) {
-        if (r == 0) want.push_back(g[i] / kWorld);
-        else want[i] += g[i] / kWorld;
+        if (r == 0)
+          want.push_back(g[i] / kWorld);
+        else
+          want[i] += g[i] / kWorld;
       }
     }
 

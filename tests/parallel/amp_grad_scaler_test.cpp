@@ -50,7 +50,7 @@ StepResult run_step(GradScaler& scaler, PlantedGrad& model, torch::optim::Optimi
   return {stepped, scaler.get_scale(), scaler.state_dict().at("_growth_tracker").toInt()};
 }
 
-} // namespace
+}  // namespace
 
 // Defaults 2^16 / 2 / 0.5 with growth_interval 3; infs, a NaN and a -inf planted. The
 // expected numbers are written out: a skip halves the scale and resets the count of good
@@ -71,9 +71,9 @@ TEST(GradScalerTest, ScaleAndSkipSequenceFollowsTheUpdateRule) {
     int64_t tracker;
   };
   const std::vector<Row> rows = {
-      {0, false, true, 65536, 1},  {kInf, true, false, 32768, 0}, {0, false, true, 32768, 1},
-      {0, false, true, 32768, 2},  {0, false, true, 65536, 0},    {kNaN, true, false, 32768, 0},
-      {-kInf, true, false, 16384, 0}, {0, false, true, 16384, 1}, {0, false, true, 16384, 2},
+      {0, false, true, 65536, 1},     {kInf, true, false, 32768, 0}, {0, false, true, 32768, 1},
+      {0, false, true, 32768, 2},     {0, false, true, 65536, 0},    {kNaN, true, false, 32768, 0},
+      {-kInf, true, false, 16384, 0}, {0, false, true, 16384, 1},    {0, false, true, 16384, 2},
       {0, false, true, 32768, 0},
   };
   at::Tensor expected = model->w.detach().clone();
@@ -144,8 +144,7 @@ TEST(GradScalerTest, TwoOptimizersSkipIndependentlyAndShareTheScale) {
   torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(kLr));
   torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(kLr));
   GradScaler scaler;
-  scaler.scale(a->forward(gradient_for(0)) + b->forward(gradient_for(1, kInf, true)))
-      .backward();
+  scaler.scale(a->forward(gradient_for(0)) + b->forward(gradient_for(1, kInf, true))).backward();
   EXPECT_TRUE(scaler.step(opt_a));
   EXPECT_FALSE(scaler.step(opt_b));
   scaler.update();
@@ -164,8 +163,7 @@ TEST(GradScalerTest, UpdateWithANewScale) {
   scaler.update(at::full({1}, 512.0f));
   EXPECT_EQ(scaler.get_scale(), 512.0);
   EXPECT_TRUE(same_bits(scaler.scale(at::ones({})), at::full({}, 512.0f)));
-  const std::string msg =
-      error_of([&] { scaler.update(at::ones({1}).requires_grad_()); });
+  const std::string msg = error_of([&] { scaler.update(at::ones({1}).requires_grad_()); });
   EXPECT_ERROR_HAS(msg, "new_scale should be a one-element tensor with requires_grad=false");
 }
 
@@ -274,7 +272,7 @@ TEST(GradScalerTest, StateDictHasTorchsKeysAndRestoresTheSequence) {
 
   GradScaler fresh;  // loads before its first scale()
   fresh.load_state_dict(state);
-  GradScaler used;   // loads after one
+  GradScaler used;  // loads after one
   PlantedGrad other(at::zeros({5}));
   torch::optim::SGD other_opt(other->parameters(), torch::optim::SGDOptions(kLr));
   run_step(used, other, other_opt, gradient_for(0));
@@ -294,8 +292,8 @@ TEST(GradScalerTest, StateDictHasTorchsKeysAndRestoresTheSequence) {
 TEST(GradScalerTest, BadStateDictsAreRefusedAndChangeNothing) {
   GradScaler scaler(GradScalerOptions().init_scale(8));
   EXPECT_ERROR_HAS(error_of([&] {
-                     scaler.load_state_dict(c10::impl::GenericDict(c10::StringType::get(),
-                                                                   c10::AnyType::get()));
+                     scaler.load_state_dict(
+                         c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
                    }),
                    "The source state dict is empty, possibly because it was saved from a "
                    "disabled instance of GradScaler.");
@@ -363,7 +361,7 @@ std::vector<KernelPath> paths_here() {
 
 const char* path_name(KernelPath p) { return p == KernelPath::kPlain ? "plain" : "fused"; }
 
-} // namespace
+}  // namespace
 
 // Random gradients of each dtype (sizes 0, 1, 37: vector body and tail), a 1/3 inv_scale
 // (not a power of two, so rounding shows), with and without a planted inf or NaN.
@@ -425,8 +423,8 @@ TEST(ScalerKernelsTest, UpdateScaleFollowsTheRule) {
       const Case& c = cases[i];
       at::Tensor scale = at::full({}, c.scale);
       at::Tensor tracker = at::full({}, c.tracker, at::kInt);
-      ddp::amp::detail::update_scale(scale, tracker, at::full({}, c.found), c.growth,
-                                     c.backoff, c.interval, path);
+      ddp::amp::detail::update_scale(scale, tracker, at::full({}, c.found), c.growth, c.backoff,
+                                     c.interval, path);
       EXPECT_EQ(scale.item<float>(), c.want_scale) << path_name(path) << " case " << i;
       EXPECT_EQ(tracker.item<int32_t>(), c.want_tracker) << path_name(path) << " case " << i;
     }

@@ -48,7 +48,7 @@ at::Tensor gradient(const Case& c, int step) {
   return g;
 }
 
-} // namespace
+}  // namespace
 
 class GradScalerPythonTest : public ::testing::TestWithParam<Case> {};
 
@@ -73,11 +73,11 @@ TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
   ddp_test::TempDir dir;
   std::ofstream(dir.file("spec.json")) << spec.dump();
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-          "/tests/parallel/python/grad_scaler_reference.py sequence " + dir.file("spec.json") +
-          " " + dir.file("out.json"),
-      &output);
+  const int rc =
+      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                "/tests/parallel/python/grad_scaler_reference.py sequence " +
+                                dir.file("spec.json") + " " + dir.file("out.json"),
+                            &output);
   ASSERT_EQ(rc, 0) << output;
   std::ifstream in(dir.file("out.json"));
   const json py = json::parse(in);
@@ -106,7 +106,8 @@ TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
   EXPECT_GT(skipped, 0) << "the case should plant at least one overflow";
   const at::Tensor w = model->w.detach();
   for (int64_t i = 0; i < w.numel(); ++i) {
-    EXPECT_EQ(static_cast<double>(w[i].item<float>()), py["w"][i].get<double>()) << "w[" << i << "]";
+    EXPECT_EQ(static_cast<double>(w[i].item<float>()), py["w"][i].get<double>())
+        << "w[" << i << "]";
   }
 
   // Python's state_dict() loads here and reads back the same.
@@ -130,19 +131,31 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Defaults but a short growth interval; inf, NaN, -inf, and a gradient of 1e34
         // that overflows float32 once scaled.
-        Case{"defaults", GradScalerOptions().growth_interval(3), 16,
+        Case{"defaults",
+             GradScalerOptions().growth_interval(3),
+             16,
              {{1, kInf}, {5, kNaN}, {6, -kInf}, {10, 1e34f}}},
         // Neither scale nor factors powers of two: rounding of the unscaled gradient and
         // of the scale updates shows.
         Case{"odd_factors",
-             GradScalerOptions().init_scale(1000).growth_factor(1.5).backoff_factor(0.7)
+             GradScalerOptions()
+                 .init_scale(1000)
+                 .growth_factor(1.5)
+                 .backoff_factor(0.7)
                  .growth_interval(2),
-             14, {{0, kInf}, {4, kNaN}, {5, kNaN}, {9, -kInf}}, 3.7f},
+             14,
+             {{0, kInf}, {4, kNaN}, {5, kNaN}, {9, -kInf}},
+             3.7f},
         // Growth would pass float32's largest value: the scale stays.
         Case{"top_of_range",
-             GradScalerOptions().init_scale(std::ldexp(1.0, 126)).growth_interval(1), 6,
-             {{3, kInf}}, 0.01f},
+             GradScalerOptions().init_scale(std::ldexp(1.0, 126)).growth_interval(1),
+             6,
+             {{3, kInf}},
+             0.01f},
         // Every gradient large: the scaler backs off until it fits.
-        Case{"backs_off", GradScalerOptions().init_scale(std::ldexp(1.0, 24)), 12,
-             {{2, kNaN}}, 1e33f}),
+        Case{"backs_off",
+             GradScalerOptions().init_scale(std::ldexp(1.0, 24)),
+             12,
+             {{2, kNaN}},
+             1e33f}),
     [](const auto& info) { return info.param.name; });

@@ -15,9 +15,7 @@ namespace ddp_test {
 /// One parameter `w`; forward(c) = sum(w * c), so backward of scale * forward(c) leaves
 /// w.grad = scale * c exactly (one multiplication): a gradient the test chooses.
 struct PlantedGradImpl : torch::nn::Module {
-  explicit PlantedGradImpl(const at::Tensor& init) {
-    w = register_parameter("w", init.clone());
-  }
+  explicit PlantedGradImpl(const at::Tensor& init) { w = register_parameter("w", init.clone()); }
   at::Tensor forward(const at::Tensor& c) { return (w * c).sum(); }
   at::Tensor w;
 };
@@ -49,4 +47,4 @@ inline bool any_non_finite_grad(torch::nn::Module& m) {
   return false;
 }
 
-} // namespace ddp_test
+}  // namespace ddp_test

@@ -65,4 +65,4 @@ TEST_P(DdpDebugMultiProcTest, RanksInStepPassEveryCheck) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DdpDebugMultiProcTest, ::testing::Values(2, 3));
 
-} // namespace
+}  // namespace

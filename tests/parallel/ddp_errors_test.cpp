@@ -49,7 +49,7 @@ struct StructOutputImpl : torch::nn::Module {
 };
 TORCH_MODULE(StructOutput);
 
-} // namespace
+}  // namespace
 
 TEST(MisuseTest, SecondBackwardWithoutForward) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
@@ -68,8 +68,7 @@ TEST(MisuseTest, BackwardThroughTheWrappedModuleDirectly) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     ddp_test::Mlp model;
     auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
-    const std::string msg =
-        error_of([&] { model(ddp_test::randn({4, 8}, 1)).sum().backward(); });
+    const std::string msg = error_of([&] { model(ddp_test::randn({4, 8}, 1)).sum().backward(); });
     EXPECT_ERROR_HAS(msg, "a gradient arrived for parameter 'fc");
     EXPECT_ERROR_HAS(msg, "not the wrapped module directly");
   });
@@ -80,8 +79,7 @@ TEST(MisuseTest, ParameterMarkedReadyTwice) {
   // loss uses it outside forward, so its gradient arrives after all.
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     ddp_test::BranchNet model;
-    auto dmodel =
-        ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
     auto out = dmodel(ddp_test::randn({4, 8}, 2));
     auto loss = out.sum() + model->head_b->weight.pow(2).sum();
     const std::string msg = error_of([&] { loss.backward(); });
@@ -133,11 +131,11 @@ TEST(MisuseTest, BadOptionsNameTheValue) {
                        (void)ddp::DistributedDataParallel(model, options_for(pg).bucket_cap_mb(0));
                      }),
                      "bucket_cap_mb must be > 0, but got 0");
-    EXPECT_ERROR_HAS(error_of([&] {
-                       (void)ddp::DistributedDataParallel(model,
-                                                          options_for(pg).device_ids({0, 1}));
-                     }),
-                     "device_ids must name at most one device (this process's), but got 2");
+    EXPECT_ERROR_HAS(
+        error_of([&] {
+          (void)ddp::DistributedDataParallel(model, options_for(pg).device_ids({0, 1}));
+        }),
+        "device_ids must name at most one device (this process's), but got 2");
     EXPECT_ERROR_HAS(error_of([&] {
                        (void)ddp::DistributedDataParallel(model, options_for(pg).device_ids({0}));
                      }),
@@ -148,8 +146,7 @@ TEST(MisuseTest, BadOptionsNameTheValue) {
 TEST(MisuseTest, OutputTypeDdpCannotSearch) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     StructOutput model;
-    auto dmodel =
-        ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
     const std::string msg = error_of([&] { dmodel(ddp_test::randn({2, 4}, 6)); });
     EXPECT_ERROR_HAS(msg, "forward returned a");
     EXPECT_ERROR_HAS(msg, "Output");
@@ -174,9 +171,8 @@ TEST(MisuseTest, CommHookAfterFirstBackwardOrTwice) {
     ddp_test::Mlp other;
     auto d2 = ddp::DistributedDataParallel(other, options_for(pg));
     d2->register_comm_hook(ddp::comm_hooks::bf16_compress_hook());
-    EXPECT_ERROR_HAS(error_of([&] {
-                       d2->register_comm_hook(ddp::comm_hooks::fp16_compress_hook());
-                     }),
+    EXPECT_ERROR_HAS(error_of(
+                         [&] { d2->register_comm_hook(ddp::comm_hooks::fp16_compress_hook()); }),
                      "a comm hook ('bf16_compress') is already registered");
   });
 }

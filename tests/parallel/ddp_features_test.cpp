@@ -71,7 +71,7 @@ void check_hook(const std::shared_ptr<ddp::CommHook>& hook, double rtol, int wor
   });
 }
 
-} // namespace
+}  // namespace
 
 // ---- Comm hooks ----------------------------------------------------------------------
 
@@ -169,7 +169,7 @@ struct TwoLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(TwoLayer);
 
-} // namespace
+}  // namespace
 
 TEST(BucketRebuildTest, FollowsRank0ReadyOrderOnEveryRank) {
   const int world = 2;
@@ -280,8 +280,7 @@ TEST_P(BroadcastBuffersTest, RunningStatsFollowRank0BeforeEachForward) {
     const int r = pg.rank();
     ddp_test::BnNet model;
     ddp_test::init_params(*model, 19);
-    auto dmodel =
-        ddp::DistributedDataParallel(model, options_for(pg).broadcast_buffers(broadcast));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).broadcast_buffers(broadcast));
     // Different shards: after a train step every rank has its own running stats.
     dmodel(ddp_test::randn({kPerRank, 8}, 90 + r)).sum().backward();
     auto after_train = model->bn->running_mean.clone();
@@ -321,7 +320,7 @@ struct TwoOutputsImpl : torch::nn::Module {
 };
 TORCH_MODULE(TwoOutputs);
 
-} // namespace
+}  // namespace
 
 TEST(WrapperTest, ForwardsAnyArgumentsAndExposesTheModule) {
   ddp_test::TempDir dir;
@@ -329,8 +328,7 @@ TEST(WrapperTest, ForwardsAnyArgumentsAndExposesTheModule) {
     TwoOutputs model;
     ddp_test::init_params(*model, 20);
     // find_unused_parameters walks the graph from both tuple elements.
-    auto dmodel =
-        ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
     static_assert(std::is_same<decltype(dmodel), ddp::DistributedDataParallel<TwoOutputs>>::value,
                   "CTAD picks the wrapped holder type");
     auto x = ddp_test::randn({4, 8}, 97);

@@ -32,8 +32,8 @@ at::Tensor inputs_for(ModelKind kind, int64_t rows) {
 // One DDP step on every rank of `world`, compared with the full-batch gradient: twice,
 // with PyTorch's initial single bucket and then with the buckets rebuilt after it.
 template <typename Net>
-void check_one_step(int world, const ddp::DistributedDataParallelOptions& base,
-                    at::Tensor x, at::Tensor y) {
+void check_one_step(int world, const ddp::DistributedDataParallelOptions& base, at::Tensor x,
+                    at::Tensor y) {
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     const int r = pg.rank();
     // Reference: the same initial weights, single process, whole batch.
@@ -45,8 +45,8 @@ void check_one_step(int world, const ddp::DistributedDataParallelOptions& base,
     auto dmodel = ddp::DistributedDataParallel(model, options.process_group(borrow(pg)));
     for (const char* pass : {"initial buckets", "rebuilt buckets"}) {
       for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-      auto loss = ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)),
-                                ddp_test::shard(y, r, kPerRank));
+      auto loss =
+          ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)), ddp_test::shard(y, r, kPerRank));
       loss.backward();
       ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
                                    "rank " + std::to_string(r) + ", " + pass);
@@ -54,12 +54,11 @@ void check_one_step(int world, const ddp::DistributedDataParallelOptions& base,
   });
 }
 
-} // namespace
+}  // namespace
 
 // ---- Models x world sizes --------------------------------------------------------------
 
-class GradientEquivalenceTest
-    : public ::testing::TestWithParam<std::tuple<int, ModelKind>> {};
+class GradientEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, ModelKind>> {};
 
 TEST_P(GradientEquivalenceTest, MatchesFullBatchGradient) {
   const int world = std::get<0>(GetParam());
@@ -73,14 +72,13 @@ TEST_P(GradientEquivalenceTest, MatchesFullBatchGradient) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldsAndModels, GradientEquivalenceTest,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(ModelKind::kMlp, ModelKind::kCnn)),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_" +
-             kind_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(WorldsAndModels, GradientEquivalenceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(ModelKind::kMlp, ModelKind::kCnn)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  kind_name(std::get<1>(info.param));
+                         });
 
 // ---- Bucket sizes ----------------------------------------------------------------------
 
@@ -97,8 +95,7 @@ TEST_P(BucketSizeTest, MatchesFullBatchGradient) {
 TEST_P(BucketSizeTest, AssignmentHasTheExpectedShape) {
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     ddp_test::Mlp model;
-    auto dmodel = ddp::DistributedDataParallel(
-        model, options_for(pg).bucket_cap_mb(GetParam()));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).bucket_cap_mb(GetParam()));
     const size_t n = dmodel->reduced_parameter_names().size();
     // Before the first backward, whatever the cap: PyTorch's single bucket, in parameter
     // order.
@@ -181,8 +178,7 @@ TEST(UnusedParametersTest, BranchUsedOnOneRankIsAveragedWithZeros) {
     ddp_test::BranchNet model;
     ddp_test::init_params(*model, 6);
     model->use_b = r == 1;
-    auto dmodel =
-        ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
     ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)), ddp_test::shard(y, r, kPerRank))
         .backward();
     ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
@@ -200,8 +196,8 @@ TEST(UnusedParametersTest, StaticGraphHandlesAFixedUnusedBranch) {
     auto want = ddp_test::full_batch_grads(ddp_test::BranchNet(), 7, x, y);
     ddp_test::BranchNet model;
     ddp_test::init_params(*model, 7);
-    auto dmodel = ddp::DistributedDataParallel(
-        model, options_for(pg).static_graph(true).bucket_cap_mb(1e-6));
+    auto dmodel =
+        ddp::DistributedDataParallel(model, options_for(pg).static_graph(true).bucket_cap_mb(1e-6));
     for (int iter = 0; iter < 3; ++iter) {
       for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
       ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)), ddp_test::shard(y, r, kPerRank))
@@ -237,8 +233,10 @@ TEST(BatchNormTest, TrainModeMatchesPerShardReference) {
       return ddp_test::mse(ref(ddp_test::shard(x, q, kPerRank)), ddp_test::shard(y, q, kPerRank));
     });
     for (size_t i = 0; i < g.size(); ++i) {
-      if (q == 0) want.push_back(g[i] / world);
-      else want[i] += g[i] / world;
+      if (q == 0)
+        want.push_back(g[i] / world);
+      else
+        want[i] += g[i] / world;
     }
   }
   // Sanity: this differs from the full-batch gradient, so the test can tell them apart.
@@ -353,12 +351,14 @@ TEST(NoSyncTest, AccumulatedMicroBatchesEqualOneBigBatch) {
       auto guard = dmodel->no_sync();
       for (int m = 0; m < k - 1; ++m) {
         ddp_test::mse(dmodel(ddp_test::shard(x[m], r, kPerRank)),
-                      ddp_test::shard(y[m], r, kPerRank)).backward();
+                      ddp_test::shard(y[m], r, kPerRank))
+            .backward();
       }
       EXPECT_EQ(dmodel->last_iteration_stats().iteration, 0);  // nothing reduced yet
     }
     ddp_test::mse(dmodel(ddp_test::shard(x[k - 1], r, kPerRank)),
-                  ddp_test::shard(y[k - 1], r, kPerRank)).backward();
+                  ddp_test::shard(y[k - 1], r, kPerRank))
+        .backward();
     EXPECT_EQ(dmodel->last_iteration_stats().iteration, 1);
     ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
                                  "rank " + std::to_string(r));
@@ -384,10 +384,10 @@ TEST(GradientAsBucketViewTest, MatchesReferenceAndAliasesBuckets) {
       ddp_test::mse(ref(x[it]), y[it]).backward();
       opt.zero_grad();  // works on bucket views (they are not autograd views)
       ddp_test::mse(dmodel(ddp_test::shard(x[it], r, kPerRank)),
-                    ddp_test::shard(y[it], r, kPerRank)).backward();
-      ddp_test::expect_grads_close(ddp_test::current_grads(*model),
-                                   ddp_test::current_grads(*ref), kRtol,
-                                   "iteration " + std::to_string(it));
+                    ddp_test::shard(y[it], r, kPerRank))
+          .backward();
+      ddp_test::expect_grads_close(ddp_test::current_grads(*model), ddp_test::current_grads(*ref),
+                                   kRtol, "iteration " + std::to_string(it));
       ref_opt.step();
       opt.step();
     }

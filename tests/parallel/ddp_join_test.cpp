@@ -71,8 +71,7 @@ std::vector<at::Tensor> params_of(torch::nn::Module& m) {
 }
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
-  return "world" + std::to_string(info.param.world) + "_base" +
-         std::to_string(info.param.base) +
+  return "world" + std::to_string(info.param.world) + "_base" + std::to_string(info.param.base) +
          (info.param.divide_by_initial ? "_initial" : "_active");
 }
 
@@ -106,13 +105,10 @@ std::vector<at::Tensor> reference(Net ref, const Variant& v,
 
 /// Runs rank `pg.rank()`'s uneven loop inside dmodel->join and returns its parameters.
 template <typename Net>
-std::vector<at::Tensor> train_joined(ddp::ProcessGroup& pg, Net model, const Variant& v,
-                                     ddp::DistributedDataParallelOptions options,
-                                     const std::function<at::Tensor(
-                                         ddp::DistributedDataParallel<Net>&, Net&, int, int)>&
-                                         loss,
-                                     std::shared_ptr<ddp::CommHook> hook = nullptr,
-                                     bool enable = true) {
+std::vector<at::Tensor> train_joined(
+    ddp::ProcessGroup& pg, Net model, const Variant& v, ddp::DistributedDataParallelOptions options,
+    const std::function<at::Tensor(ddp::DistributedDataParallel<Net>&, Net&, int, int)>& loss,
+    std::shared_ptr<ddp::CommHook> hook = nullptr, bool enable = true) {
   init_params(*model, kSeed);
   auto dmodel = ddp::DistributedDataParallel<Net>(model, options);
   if (hook) dmodel->register_comm_hook(hook);
@@ -163,9 +159,8 @@ TEST_P(JoinTest, UnevenBatchesMatchSingleProcessAverages) {
   const Variant v = GetParam();
   const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
-    const auto got = train_joined<ddp_test::Mlp>(
-        pg, ddp_test::Mlp(), v, options_for(pg),
-        plain_ddp_loss);
+    const auto got =
+        train_joined<ddp_test::Mlp>(pg, ddp_test::Mlp(), v, options_for(pg), plain_ddp_loss);
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -173,10 +168,11 @@ TEST_P(JoinTest, UnevenBatchesMatchSingleProcessAverages) {
 
 TEST_P(JoinTest, GradientAccumulationUnderNoSync) {
   const Variant v = GetParam();
-  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
-    ddp_test::mse(m->forward(batch_x(r, k, 0)), batch_y(r, k, 0)).backward();
-    return ddp_test::mse(m->forward(batch_x(r, k, 1)), batch_y(r, k, 1));
-  });
+  const auto want =
+      reference<ddp_test::Mlp>(ddp_test::Mlp(), v, [](ddp_test::Mlp& m, int r, int k) {
+        ddp_test::mse(m->forward(batch_x(r, k, 0)), batch_y(r, k, 0)).backward();
+        return ddp_test::mse(m->forward(batch_x(r, k, 1)), batch_y(r, k, 1));
+      });
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
     const auto got = train_joined<ddp_test::Mlp>(
         pg, ddp_test::Mlp(), v, options_for(pg),
@@ -199,12 +195,13 @@ TEST_P(JoinTest, UnusedParametersDifferByRankAndStep) {
     return ddp_test::mse(m->forward(batch_x(r, k)), batch_y(r, k));
   });
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
-    const auto got = train_joined<TwoHeads>(
-        pg, TwoHeads(), v, options_for(pg).find_unused_parameters(true),
-        [](ddp::DistributedDataParallel<TwoHeads>& d, TwoHeads& m, int r, int k) {
-          m->heads = heads_for(r, k);
-          return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
-        });
+    const auto got =
+        train_joined<TwoHeads>(pg, TwoHeads(), v, options_for(pg).find_unused_parameters(true),
+                               [](ddp::DistributedDataParallel<TwoHeads>& d, TwoHeads& m, int r,
+                                  int k) {
+                                 m->heads = heads_for(r, k);
+                                 return ddp_test::mse(d(batch_x(r, k)), batch_y(r, k));
+                               });
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -230,10 +227,8 @@ TEST_P(JoinTest, CustomCommHookIsShadowedWithZeros) {
   ref_v.divide_by_initial = true;
   const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), ref_v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
-    const auto got = train_joined<ddp_test::Mlp>(
-        pg, ddp_test::Mlp(), v, options_for(pg),
-        plain_ddp_loss,
-        ddp::comm_hooks::allreduce_hook());
+    const auto got = train_joined<ddp_test::Mlp>(pg, ddp_test::Mlp(), v, options_for(pg),
+                                                 plain_ddp_loss, ddp::comm_hooks::allreduce_hook());
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -300,41 +295,47 @@ class JoinWorldTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(JoinWorldTest, ThrowOnEarlyTerminationRaisesOnEveryRank) {
   const int world = GetParam();
-  run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
-    ddp_test::Mlp model;
-    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
-    int steps = 0;
-    const std::string error = error_of([&] {
-      dmodel->join(
-          [&] {
-            for (int k = 0; k < batches_of(pg.rank(), 2); ++k) {
-              ddp_test::mse(dmodel(batch_x(pg.rank(), k)), batch_y(pg.rank(), k)).backward();
-              ++steps;
-            }
-          },
-          ddp::JoinOptions().throw_on_early_termination(true));
-    });
-    EXPECT_ERROR_HAS(error, "rank(s) 0 ran out of inputs");
-    EXPECT_ERROR_HAS(error, "throw_on_early_termination");
-    // Rank 0 ran its 2 batches; the others raise at their third forward.
-    EXPECT_EQ(steps, 2) << "rank " << pg.rank();
-  }, std::chrono::seconds(60));
+  run_thread_groups(
+      world,
+      [&](ddp::ProcessGroup& pg) {
+        ddp_test::Mlp model;
+        auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
+        int steps = 0;
+        const std::string error = error_of([&] {
+          dmodel->join(
+              [&] {
+                for (int k = 0; k < batches_of(pg.rank(), 2); ++k) {
+                  ddp_test::mse(dmodel(batch_x(pg.rank(), k)), batch_y(pg.rank(), k)).backward();
+                  ++steps;
+                }
+              },
+              ddp::JoinOptions().throw_on_early_termination(true));
+        });
+        EXPECT_ERROR_HAS(error, "rank(s) 0 ran out of inputs");
+        EXPECT_ERROR_HAS(error, "throw_on_early_termination");
+        // Rank 0 ran its 2 batches; the others raise at their third forward.
+        EXPECT_EQ(steps, 2) << "rank " << pg.rank();
+      },
+      std::chrono::seconds(60));
 }
 
 TEST_P(JoinWorldTest, EarlyTerminationIsItsOwnType) {
   const int world = GetParam();
-  run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
-    ddp_test::Mlp model;
-    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
-    EXPECT_THROW(dmodel->join(
-                     [&] {
-                       for (int k = 0; k < batches_of(pg.rank(), 1); ++k) {
-                         dmodel(batch_x(pg.rank(), k)).sum().backward();
-                       }
-                     },
-                     ddp::JoinOptions().throw_on_early_termination(true)),
-                 ddp::EarlyTerminationError);
-  }, std::chrono::seconds(60));
+  run_thread_groups(
+      world,
+      [&](ddp::ProcessGroup& pg) {
+        ddp_test::Mlp model;
+        auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
+        EXPECT_THROW(dmodel->join(
+                         [&] {
+                           for (int k = 0; k < batches_of(pg.rank(), 1); ++k) {
+                             dmodel(batch_x(pg.rank(), k)).sum().backward();
+                           }
+                         },
+                         ddp::JoinOptions().throw_on_early_termination(true)),
+                     ddp::EarlyTerminationError);
+      },
+      std::chrono::seconds(60));
 }
 
 TEST_P(JoinWorldTest, DisabledJoinIsPlainDdp) {
@@ -342,10 +343,8 @@ TEST_P(JoinWorldTest, DisabledJoinIsPlainDdp) {
   const Variant v{GetParam(), 3, true, /*even=*/true};
   const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(v.world, [&](ddp::ProcessGroup& pg) {
-    const auto got = train_joined<ddp_test::Mlp>(
-        pg, ddp_test::Mlp(), v, options_for(pg),
-        plain_ddp_loss,
-        nullptr, /*enable=*/false);
+    const auto got = train_joined<ddp_test::Mlp>(pg, ddp_test::Mlp(), v, options_for(pg),
+                                                 plain_ddp_loss, nullptr, /*enable=*/false);
     expect_close(got, want, 1e-5);
     expect_same_everywhere(pg, got);
   });
@@ -417,11 +416,10 @@ TEST(JoinWorldOneTest, RunsTheBodyAndMatchesSingleProcess) {
   const Variant v{1, 3, true};
   const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
   run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
-    const auto got = train_joined<ddp_test::Mlp>(
-        pg, ddp_test::Mlp(), v, options_for(pg),
-        plain_ddp_loss);
+    const auto got =
+        train_joined<ddp_test::Mlp>(pg, ddp_test::Mlp(), v, options_for(pg), plain_ddp_loss);
     expect_close(got, want, 1e-6);
   });
 }
 
-} // namespace
+}  // namespace

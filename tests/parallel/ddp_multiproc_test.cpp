@@ -19,7 +19,7 @@ int fail(const char* what) {
   return 1;
 }
 
-} // namespace
+}  // namespace
 
 // One step checked against the full-batch gradient, then more steps, then parameters
 // compared bit for bit across processes; a trace per rank.
@@ -36,8 +36,8 @@ DDP_SCENARIO(ddp_train) {
   ddp_test::init_params(*model, 3 + r);  // rank 0's weights must win
   const char* trace = std::getenv("DDP_TEST_TRACE");
   auto dmodel = ddp::DistributedDataParallel(
-      model, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005).trace_path(
-                 trace ? trace : ""));
+      model,
+      ddp::DistributedDataParallelOptions().bucket_cap_mb(0.0005).trace_path(trace ? trace : ""));
   torch::optim::SGD opt(model->parameters(), 0.05);
   ddp_test::mse(dmodel(ddp_test::shard(x, r, kPerRank)), ddp_test::shard(y, r, kPerRank))
       .backward();
@@ -76,8 +76,11 @@ TEST_P(DdpMultiProcTest, TrainsLikeOneProcessOnTheFullBatch) {
   ddp_test::expect_all_ok(ddp_test::run_processes(GetParam(), "ddp_train", o));
   for (int r = 0; r < GetParam(); ++r) {
     std::string out;
-    EXPECT_EQ(ddp_test::run_command("test -s " + dir.file("trace.rank" + std::to_string(r) +
-                                                            ".json"), &out), 0) << r;
+    EXPECT_EQ(ddp_test::run_command("test -s " +
+                                        dir.file("trace.rank" + std::to_string(r) + ".json"),
+                                    &out),
+              0)
+        << r;
   }
 }
 
@@ -91,8 +94,9 @@ DDP_SCENARIO(ddp_missing_different_parameters) {
       ddp::InitOptions().backend("gloo").timeout(std::chrono::seconds(120)));
   const int r = ddp::get_rank();
   ddp_test::TwoHeads model;
-  auto dmodel = ddp::DistributedDataParallel(
-      model, ddp::DistributedDataParallelOptions().bucket_cap_mb(1e-6));
+  auto dmodel =
+      ddp::DistributedDataParallel(model,
+                                   ddp::DistributedDataParallelOptions().bucket_cap_mb(1e-6));
   const at::Tensor x = ddp_test::randn({kPerRank, 8}, r);
   dmodel(x).sum().backward();  // every parameter; then one bucket per parameter
 
@@ -102,11 +106,10 @@ DDP_SCENARIO(ddp_missing_different_parameters) {
   const std::string msg = ddp_test::error_of([&] { dmodel(x); });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("rank %d: backward and the next forward took %.2f s: %s\n", r, seconds,
-              msg.c_str());
+  std::printf("rank %d: backward and the next forward took %.2f s: %s\n", r, seconds, msg.c_str());
   if (seconds > 20) return fail("blocked in backward");
-  const std::string missing = r % 2 == 0 ? "'head_b.weight', 'head_b.bias'"
-                                         : "'head_a.weight', 'head_a.bias'";
+  const std::string missing =
+      r % 2 == 0 ? "'head_b.weight', 'head_b.bias'" : "'head_a.weight', 'head_a.bias'";
   if (msg.find("2 of 6 parameters got no gradient in that backward: " + missing) ==
       std::string::npos) {
     return fail("the next forward did not name the missing parameters");
@@ -122,4 +125,3 @@ TEST_P(DdpMultiProcTest, RanksMissingDifferentParametersFailFast) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DdpMultiProcTest, ::testing::Values(2, 3));
-

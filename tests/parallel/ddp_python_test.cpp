@@ -76,7 +76,7 @@ int fail(const std::string& what) {
   return 1;
 }
 
-} // namespace
+}  // namespace
 
 DDP_SCENARIO(ddp_python_peer) {
   const std::string dir = std::getenv("DDP_PEER_DIR");
@@ -147,12 +147,12 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     output.clear();
     std::remove(dir.file("pystore").c_str());  // the peer's FileStore starts empty
-    rc = ddp_test::run_command(
-        std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-            "/tests/parallel/python/ddp_peer.py " + dir.path() + " " + GetParam() + " " +
-            std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
-            std::to_string(kSteps) + " 2>&1",
-        &output);
+    rc =
+        ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                  "/tests/parallel/python/ddp_peer.py " + dir.path() + " " +
+                                  GetParam() + " " + std::to_string(kWorld) + " " +
+                                  std::to_string(kPerRank) + " " + std::to_string(kSteps) + " 2>&1",
+                              &output);
     if (rc == 0 || output.find("terminated with signal SIGABRT") == std::string::npos) break;
     std::printf("PyTorch's peer aborted (attempt %d); running it again:\n%s\n", attempt + 1,
                 output.c_str());
@@ -164,13 +164,12 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
   for (int r = 0; r < kWorld; ++r) {
     const auto cpp = read_floats(dir.file("cpp.rank" + std::to_string(r) + ".bin"), {n});
     const double diff = (cpp - py).abs().max().item<double>();
-    EXPECT_EQ(diff, 0.0) << "rank " << r << ": ddp-cpp and PyTorch DDP differ by up to "
-                         << diff << " after " << kSteps << " steps (" << GetParam() << ")";
+    EXPECT_EQ(diff, 0.0) << "rank " << r << ": ddp-cpp and PyTorch DDP differ by up to " << diff
+                         << " after " << kSteps << " steps (" << GetParam() << ")";
   }
   // The comparison means something only if training moved the weights.
   EXPECT_GT((py - init).abs().max().item<double>(), 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpPythonTest,
-                         ::testing::Values("default", "bucket_view", "no_sync",
-                                           "no_sync_view"));
+                         ::testing::Values("default", "bucket_view", "no_sync", "no_sync_view"));

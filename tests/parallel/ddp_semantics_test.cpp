@@ -66,7 +66,8 @@ class OtherDeviceComm final : public ddp::detail::Comm {
   at::Tensor to_host(const at::Tensor& t) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = results_.find(t.unsafeGetTensorImpl());
-    TORCH_CHECK(it != results_.end(), "test double: to_host() of a tensor that no waited "
+    TORCH_CHECK(it != results_.end(),
+                "test double: to_host() of a tensor that no waited "
                 "collective produced (read before wait, or never moved to the device)");
     at::Tensor host = it->second;
     results_.erase(it);
@@ -129,8 +130,9 @@ class OtherDeviceComm final : public ddp::detail::Comm {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& t : tensors) {
       if (!bookkeeping(t)) continue;
-      TORCH_CHECK(staged_.count(t.unsafeGetTensorImpl()) > 0, "test double: ", what,
-                  " got a ", t.scalar_type(), " tensor that was not moved to the group's "
+      TORCH_CHECK(staged_.count(t.unsafeGetTensorImpl()) > 0, "test double: ", what, " got a ",
+                  t.scalar_type(),
+                  " tensor that was not moved to the group's "
                   "device with to_device()");
     }
   }
@@ -186,11 +188,12 @@ TEST_P(DeviceDisciplineTest, BookkeepingCollectivesMoveTheirTensorsAndReadBackAf
   const at::Tensor x = ddp_test::randn({world * kPerRank, 8}, 3);
   const at::Tensor y = ddp_test::randn({world * kPerRank, 4}, 4);
   ddp_test::run_threads(world, [&](int rank) {
-    auto owned = std::make_unique<OtherDeviceComm>(
-        ddp::detail::Comm::create(gloo_config(dir, rank, world)));
+    auto owned =
+        std::make_unique<OtherDeviceComm>(ddp::detail::Comm::create(gloo_config(dir, rank, world)));
     OtherDeviceComm* comm = owned.get();
     auto pg = ddp::detail::make_process_group(std::move(owned));
-    EXPECT_EQ(pg->device(), c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(rank)));
+    EXPECT_EQ(pg->device(),
+              c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(rank)));
 
     // all_gather_bytes: the consensus of checkpoints, samplers and the model check.
     const std::string mine(static_cast<size_t>(3 + 5 * rank), static_cast<char>('a' + rank));
@@ -207,15 +210,16 @@ TEST_P(DeviceDisciplineTest, BookkeepingCollectivesMoveTheirTensorsAndReadBackAf
       ddp_test::init_params(*ref, 7);
       ddp_test::init_params(*model, 7);
       ref->use_b = model->use_b = true;
-      const auto want =
-          ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
-      auto dmodel = ddp::DistributedDataParallel(
-          model, ddp::DistributedDataParallelOptions().process_group(pg).bucket_cap_mb(1e-4)
-                     .find_unused_parameters(find_unused));
+      const auto want = ddp_test::grads_after(*ref, [&] { return ddp_test::mse(ref(x), y); });
+      auto dmodel = ddp::DistributedDataParallel(model, ddp::DistributedDataParallelOptions()
+                                                            .process_group(pg)
+                                                            .bucket_cap_mb(1e-4)
+                                                            .find_unused_parameters(find_unused));
       for (int step = 0; step < 3; ++step) {
         for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
         ddp_test::mse(dmodel(ddp_test::shard(x, rank, kPerRank)),
-                      ddp_test::shard(y, rank, kPerRank)).backward();
+                      ddp_test::shard(y, rank, kPerRank))
+            .backward();
         ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
                                      "step " + std::to_string(step));
       }
@@ -358,8 +362,8 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
 struct CheckpointedNetImpl : torch::nn::Module {
   CheckpointedNetImpl(bool checkpointed, int repeats)
       : fc(register_module("fc", torch::nn::Linear(8, 16))),
-        mid(register_module("mid", torch::nn::Sequential(torch::nn::Linear(16, 16),
-                                                         torch::nn::Tanh()))),
+        mid(register_module("mid",
+                            torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Tanh()))),
         head(register_module("head", torch::nn::Sequential(torch::nn::Linear(16, 4)))),
         checkpointed(checkpointed),
         repeats(repeats) {}
@@ -421,8 +425,8 @@ TEST_P(SemanticsTest, RanksMissingDifferentParametersFailFastOnEveryRank) {
   ddp_test::run_threads(world, [&](int rank) {
     // A long timeout: a rank blocked on a collective its peers never launch would take
     // that long to fail.
-    auto pg = ddp::ProcessGroup::create(
-        ddp_test::file_init(dir, rank, world, std::chrono::seconds(60)));
+    auto pg =
+        ddp::ProcessGroup::create(ddp_test::file_init(dir, rank, world, std::chrono::seconds(60)));
     ddp_test::TwoHeads model;
     auto dmodel = ddp::DistributedDataParallel(
         model, ddp::DistributedDataParallelOptions().process_group(pg).bucket_cap_mb(1e-6));
@@ -518,9 +522,8 @@ TEST(WorldSizeOneSemanticsTest, MisuseIsCaughtAsAtWorldSizeTwo) {
       Scalar model;
       auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
       dmodel->register_comm_hook(ddp::comm_hooks::allreduce_hook());
-      EXPECT_ERROR_HAS(error_of([&] {
-                         dmodel->register_comm_hook(ddp::comm_hooks::allreduce_hook());
-                       }),
+      EXPECT_ERROR_HAS(error_of(
+                           [&] { dmodel->register_comm_hook(ddp::comm_hooks::allreduce_hook()); }),
                        "already registered");
     }
   });
@@ -535,8 +538,8 @@ TEST_P(SemanticsTest, AWorkOutlivesItsGroupsShutdown) {
   std::condition_variable cv;
   bool launched = false;
   ddp_test::run_threads(world, [&](int rank) {
-    auto pg = ddp::ProcessGroup::create(
-        ddp_test::file_init(dir, rank, world, std::chrono::seconds(5)));
+    auto pg =
+        ddp::ProcessGroup::create(ddp_test::file_init(dir, rank, world, std::chrono::seconds(5)));
     pg->barrier();
     if (rank != 0) {
       // Leave once rank 0 has launched an all-reduce that nobody else joins.
@@ -602,9 +605,7 @@ struct LayoutNetImpl : torch::nn::Module {
   LayoutNetImpl()
       : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)))),
         wt(register_parameter("wt", at::zeros({4 * 6 * 6, 5}))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return at::mm(at::relu(conv(x)).flatten(1), wt);
-  }
+  at::Tensor forward(const at::Tensor& x) { return at::mm(at::relu(conv(x)).flatten(1), wt); }
   void relayout() {
     at::NoGradGuard no_grad;
     conv->weight.set_data(conv->weight.contiguous(at::MemoryFormat::ChannelsLast));
@@ -716,8 +717,7 @@ TEST_P(SemanticsTest, AHookWithAnUndefinedGradientCountsAsUnused) {
   run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
     Gated model;
     ddp_test::init_params(*model, 4);
-    auto dmodel = ddp::DistributedDataParallel(
-        model, options_for(pg).find_unused_parameters(true));
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg).find_unused_parameters(true));
     const at::Tensor x = ddp_test::randn({kPerRank, 8}, 12);  // the same on every rank
 
     // No rank has a gradient for w: it stays undefined, as if unused everywhere.
@@ -771,4 +771,4 @@ TEST_P(SemanticsTest, ANonLeafParameterIsRefusedAtConstruction) {
 INSTANTIATE_TEST_SUITE_P(Worlds, SemanticsTest, ::testing::Values(2, 3),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
-} // namespace
+}  // namespace

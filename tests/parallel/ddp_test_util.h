@@ -27,8 +27,8 @@
 #include <vector>
 
 /// Expects error text `message` to contain `fragment`, showing both otherwise.
-#define EXPECT_ERROR_HAS(message, fragment)                                      \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos)              \
+#define EXPECT_ERROR_HAS(message, fragment)                         \
+  EXPECT_NE(std::string(message).find(fragment), std::string::npos) \
       << "expected to find: " << (fragment) << "\n in: " << (message)
 
 namespace ddp_test {
@@ -57,9 +57,7 @@ struct MlpImpl : torch::nn::Module {
       : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
         fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
         fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3(at::relu(fc2(at::relu(fc1(x)))));
-  }
+  at::Tensor forward(const at::Tensor& x) { return fc3(at::relu(fc2(at::relu(fc1(x))))); }
   torch::nn::Linear fc1, fc2, fc3;
 };
 TORCH_MODULE(Mlp);
@@ -180,4 +178,4 @@ inline void expect_grads_close(const std::vector<at::Tensor>& got,
   }
 }
 
-} // namespace ddp_test
+}  // namespace ddp_test

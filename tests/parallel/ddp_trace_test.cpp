@@ -29,7 +29,7 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-} // namespace
+}  // namespace
 
 TEST(TraceTest, WritesValidJsonPerRankWithTheExpectedEvents) {
   ddp_test::TempDir dir;
@@ -88,8 +88,8 @@ TEST(TraceTest, RankPlaceholderAndNoFileWhenOff) {
   ddp_test::TempDir dir;
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
     ddp_test::Mlp a, b;
-    auto traced = ddp::DistributedDataParallel(
-        a, options_for(pg).trace_path(dir.file("run-{rank}.trace")));
+    auto traced =
+        ddp::DistributedDataParallel(a, options_for(pg).trace_path(dir.file("run-{rank}.trace")));
     auto untraced = ddp::DistributedDataParallel(b, options_for(pg));
     traced(ddp_test::randn({2, 8}, 1)).sum().backward();
     untraced(ddp_test::randn({2, 8}, 1)).sum().backward();
@@ -107,10 +107,11 @@ TEST(TraceTest, UnwritablePathIsAClearError) {
   run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
     ddp_test::Mlp model;
     const std::string msg = ddp_test::error_of([&] {
-      ddp::DistributedDataParallel(
-          model, options_for(pg).trace_path("/nonexistent-dir/trace.json"));
+      ddp::DistributedDataParallel(model,
+                                   options_for(pg).trace_path("/nonexistent-dir/trace.json"));
     });
     EXPECT_NE(msg.find("cannot open the trace file '/nonexistent-dir/trace.rank0.json'"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
   });
 }

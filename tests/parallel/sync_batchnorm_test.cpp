@@ -39,15 +39,17 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
   if (want.numel() == 0) return;
   const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
   const double worst = ((g - w).abs() - kTol * (1 + w.abs())).max().item<double>();
-  EXPECT_LE(worst, 0.0) << what << ": differs by up to "
-                        << (g - w).abs().max().item<double>();
+  EXPECT_LE(worst, 0.0) << what << ": differs by up to " << (g - w).abs().max().item<double>();
 }
 
 std::vector<int64_t> input_shape(Layout layout, int64_t n) {
   switch (layout) {
-    case Layout::kNC: return {n, kChannels};
-    case Layout::kNCL: return {n, kChannels, 5};
-    case Layout::kNCHW: return {n, kChannels, 3, 4};
+    case Layout::kNC:
+      return {n, kChannels};
+    case Layout::kNCL:
+      return {n, kChannels, 5};
+    case Layout::kNCHW:
+      return {n, kChannels, 3, 4};
   }
   return {};
 }
@@ -118,7 +120,9 @@ struct Case {
   }
   int64_t total() const { return offset_of(world); }
   ddp::SyncBatchNormOptions options() const {
-    return ddp::SyncBatchNormOptions(kChannels).momentum(momentum).affine(affine)
+    return ddp::SyncBatchNormOptions(kChannels)
+        .momentum(momentum)
+        .affine(affine)
         .track_running_stats(track);
   }
 };
@@ -135,7 +139,9 @@ void make_data(const Case& c, uint64_t seed, std::vector<at::Tensor>* xs,
 
 RunResult reference(const Case& c, const std::vector<at::Tensor>& xs,
                     const std::vector<at::Tensor>& gs) {
-  const auto o = torch::nn::BatchNormOptions(kChannels).momentum(c.momentum).affine(c.affine)
+  const auto o = torch::nn::BatchNormOptions(kChannels)
+                     .momentum(c.momentum)
+                     .affine(c.affine)
                      .track_running_stats(c.track);
   if (c.layout == Layout::kNCHW) {
     torch::nn::BatchNorm2d bn(o);
@@ -148,9 +154,8 @@ RunResult reference(const Case& c, const std::vector<at::Tensor>& xs,
 }
 
 /// Runs rank `rank`'s share of the case over `pg` and compares with `ref`.
-void check_rank(const Case& c, ddp::ProcessGroup& pg, int rank,
-                const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& gs,
-                const RunResult& ref) {
+void check_rank(const Case& c, ddp::ProcessGroup& pg, int rank, const std::vector<at::Tensor>& xs,
+                const std::vector<at::Tensor>& gs, const RunResult& ref) {
   ddp::SyncBatchNorm sbn(c.options().process_group(borrow(pg)));
   init_state(sbn);
   const int64_t offset = c.offset_of(rank), n = c.size_of(rank);
@@ -332,8 +337,8 @@ TEST(SyncBatchNormCommTest, WorldSizeOneAndNoGroupAreBatchNorm) {
   ASSERT_FALSE(ddp::is_initialized());
   expect_batchnorm(ddp::SyncBatchNorm(kChannels));  // no default group: one process
   ddp_test::run_thread_groups(1, [&](ddp::ProcessGroup& pg) {
-    expect_batchnorm(ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels)
-                                            .process_group(borrow(pg))));
+    expect_batchnorm(
+        ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).process_group(borrow(pg))));
   });
 }
 
@@ -365,7 +370,9 @@ TEST(SyncBatchNormErrorsTest, LocalMistakesNameWhatWasExpected) {
   ddp::SyncBatchNorm sbn(kChannels);
   EXPECT_ERROR_HAS(error_of([&] { sbn(at::ones({kChannels})); }),
                    "at least 2 dimensions, but got 1-D input of shape [3]");
-  EXPECT_ERROR_HAS(error_of([&] { sbn(at::ones({4, 5})); }),
+  EXPECT_ERROR_HAS(error_of([&] {
+                     sbn(at::ones({4, 5}));
+                   }),
                    "expected 3 channels (num_features) in dimension 1 of its input, but got 5");
 }
 
@@ -402,17 +409,16 @@ struct NestedImpl : torch::nn::Module {
       : block(register_module(
             "block", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 3)),
                                            torch::nn::BatchNorm2d(3), torch::nn::ReLU()))),
-        list(register_module(
-            "list", torch::nn::ModuleList(
-                        torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(4).eps(1e-3)),
-                        torch::nn::Linear(4, 4)))),
+        list(register_module("list",
+                             torch::nn::ModuleList(torch::nn::BatchNorm1d(
+                                                       torch::nn::BatchNormOptions(4).eps(1e-3)),
+                                                   torch::nn::Linear(4, 4)))),
         dict(register_module(
-            "dict", torch::nn::ModuleDict(
-                        std::vector<std::pair<std::string, std::shared_ptr<Module>>>{
-                            {"bn", torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(5)
-                                                              .momentum(c10::nullopt)
-                                                              .affine(false))
-                                       .ptr()}}))),
+            "dict",
+            torch::nn::ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<Module>>>{
+                {"bn", torch::nn::BatchNorm1d(
+                           torch::nn::BatchNormOptions(5).momentum(c10::nullopt).affine(false))
+                           .ptr()}}))),
         inner(register_module("inner", Inner())) {}
   torch::nn::Sequential block;
   torch::nn::ModuleList list;
@@ -491,7 +497,8 @@ TEST(ConvertSyncBatchNormTest, ReplacesEveryBatchNormKeepingKeysTensorsAndFlags)
 
 TEST(ConvertSyncBatchNormTest, RootBatchNormReturnsTheNewLayer) {
   ddp_test::TempDir dir;
-  torch::nn::BatchNorm2d bn(torch::nn::BatchNormOptions(3).momentum(0.3).track_running_stats(false));
+  torch::nn::BatchNorm2d bn(
+      torch::nn::BatchNormOptions(3).momentum(0.3).track_running_stats(false));
   bn->eval();
   auto group = ddp::ProcessGroup::create(ddp_test::file_init(dir, 0, 1));
   const auto converted = as_sync(ddp::convert_sync_batchnorm(bn.ptr(), group));
@@ -545,9 +552,8 @@ TEST(ConvertSyncBatchNormTest, CloneAndPrint) {
 struct ConvBnNetImpl : torch::nn::Module {
   ConvBnNetImpl()
       : features(register_module(
-            "features",
-            torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)),
-                                  torch::nn::BatchNorm2d(4), torch::nn::ReLU()))),
+            "features", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)),
+                                              torch::nn::BatchNorm2d(4), torch::nn::ReLU()))),
         head(register_module("head", torch::nn::Linear(4 * 6 * 6, 3))) {}
   at::Tensor forward(const at::Tensor& x) { return head(features->forward(x).flatten(1)); }
   torch::nn::Sequential features;
@@ -576,7 +582,8 @@ TEST_P(SyncBatchNormDdpTest, TrainingEqualsOneProcessOnTheWholeBatch) {
   const at::Tensor y = ddp_test::randn({kSteps, world * kPerRank, 3}, 41);
   ConvBnNet ref;
   ddp_test::init_params(*ref, 42);
-  train(ref, [&](const at::Tensor& xs) { return ref->forward(xs); }, x, y);
+  train(
+      ref, [&](const at::Tensor& xs) { return ref->forward(xs); }, x, y);
   const auto want_params = ref->named_parameters();
   const auto want_buffers = ref->named_buffers();
 
@@ -593,7 +600,8 @@ TEST_P(SyncBatchNormDdpTest, TrainingEqualsOneProcessOnTheWholeBatch) {
       // after it (Note [Collective order]).
       auto dmodel =
           ddp::DistributedDataParallel(net, ddp_test::options_for(pg).bucket_cap_mb(1e-6));
-      train(net, [&](const at::Tensor& in) { return dmodel(in); }, xs, ys);
+      train(
+          net, [&](const at::Tensor& in) { return dmodel(in); }, xs, ys);
       const auto params = net->named_parameters();
       const auto buffers = net->named_buffers();
       ASSERT_EQ(params.keys(), want_params.keys());
@@ -664,12 +672,12 @@ TEST(SyncBatchNormPythonTest, StateDictLoadsIntoTorchBatchNorm2d) {
   write_floats(dir.file("out.bin"), out);
 
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-          "/tests/parallel/python/sync_batchnorm_reference.py " + dir.file("state.pt") + " " +
-          dir.file("probe.bin") + " " + dir.file("out.bin") + " 2>&1",
-      &output);
+  const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                           "/tests/parallel/python/sync_batchnorm_reference.py " +
+                                           dir.file("state.pt") + " " + dir.file("probe.bin") +
+                                           " " + dir.file("out.bin") + " 2>&1",
+                                       &output);
   EXPECT_EQ(rc, 0) << output;
 }
 
-} // namespace
+}  // namespace

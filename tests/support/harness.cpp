@@ -156,7 +156,7 @@ std::string substitute(std::string value, int rank) {
   return value;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<ProcessResult> run_processes(int world, const std::string& name,
                                          const ProcessOptions& options) {
@@ -281,7 +281,7 @@ std::map<std::string, Scenario>& registry() {
   static std::map<std::string, Scenario> r;
   return r;
 }
-} // namespace
+}  // namespace
 
 bool register_scenario(const std::string& name, Scenario fn) {
   registry()[name] = std::move(fn);
@@ -306,4 +306,4 @@ bool maybe_run_scenario(int* exit_code) {
   return true;
 }
 
-} // namespace ddp_test
+}  // namespace ddp_test

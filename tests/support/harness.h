@@ -78,14 +78,13 @@ inline std::shared_ptr<ddp::ProcessGroup> borrow(ddp::ProcessGroup& pg) {
 void run_threads(int world, const std::function<void(int rank)>& fn);
 
 /// Like run_threads, but each thread gets its own ProcessGroup (FileStore rendezvous).
-void run_thread_groups(int world,
-                       const std::function<void(ddp::ProcessGroup& pg)>& fn,
+void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup& pg)>& fn,
                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 struct ProcessResult {
   int rank = 0;
-  int exit_code = 0;    // 128 + signal when killed
-  std::string output;   // stdout and stderr together
+  int exit_code = 0;   // 128 + signal when killed
+  std::string output;  // stdout and stderr together
 };
 
 struct ProcessOptions {
@@ -129,11 +128,11 @@ bool register_scenario(const std::string& name, Scenario fn);
 /// Runs the scenario named by DDP_TEST_SCENARIO, if set (called from main).
 bool maybe_run_scenario(int* exit_code);
 
-} // namespace ddp_test
+}  // namespace ddp_test
 
 /// A function that a run_processes child executes as its main(); return its exit code.
-#define DDP_SCENARIO(name)                                                      \
-  static int ddp_scenario_##name();                                             \
-  static const bool ddp_scenario_registered_##name =                           \
-      ::ddp_test::register_scenario(#name, &ddp_scenario_##name);               \
+#define DDP_SCENARIO(name)                                        \
+  static int ddp_scenario_##name();                               \
+  static const bool ddp_scenario_registered_##name =              \
+      ::ddp_test::register_scenario(#name, &ddp_scenario_##name); \
   static int ddp_scenario_##name()

@@ -10,7 +10,9 @@ void DecidingCoordinator::local_failed(int attempt, int code, const std::string&
   handle(Event::worker_failed(0, attempt, code, what));
 }
 
-void DecidingCoordinator::local_finished(int attempt) { handle(Event::workers_finished(0, attempt)); }
+void DecidingCoordinator::local_finished(int attempt) {
+  handle(Event::workers_finished(0, attempt));
+}
 void DecidingCoordinator::local_stopped(int attempt) { handle(Event::workers_stopped(0, attempt)); }
 
 void DecidingCoordinator::local_abort(int code, const std::string& what) {

@@ -16,7 +16,9 @@ namespace {
 class AgentCoordinator : public Coordinator {
  public:
   AgentCoordinator(const Options& o, int fd, double join_deadline)
-      : o_(o), conn_(fd), join_deadline_(join_deadline),
+      : o_(o),
+        conn_(fd),
+        join_deadline_(join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
     conn_.send_line(encode(AgentMessage::introduce({o.node_rank, o.nnodes, o.nproc_per_node})));
   }
@@ -25,8 +27,12 @@ class AgentCoordinator : public Coordinator {
   void local_failed(int attempt, int code, const std::string& what) override {
     report(Event::worker_failed(o_.node_rank, attempt, code, what));
   }
-  void local_finished(int attempt) override { report(Event::workers_finished(o_.node_rank, attempt)); }
-  void local_stopped(int attempt) override { report(Event::workers_stopped(o_.node_rank, attempt)); }
+  void local_finished(int attempt) override {
+    report(Event::workers_finished(o_.node_rank, attempt));
+  }
+  void local_stopped(int attempt) override {
+    report(Event::workers_stopped(o_.node_rank, attempt));
+  }
   // A host that stops for good does not wait for node 0 to agree.
   void local_abort(int code, const std::string& what) override {
     report(Event::aborted(o_.node_rank, code, what));
@@ -54,7 +60,8 @@ class AgentCoordinator : public Coordinator {
   void tick(double now) override {
     if (!conn_.is_open()) return;
     if (!started_ && now > join_deadline_) {
-      exit_error(kExitLinkLost, "node 0 at " + where_ + " did not start the job within --rdzv-timeout " +
+      exit_error(kExitLinkLost, "node 0 at " + where_ +
+                                    " did not start the job within --rdzv-timeout " +
                                     std::to_string(static_cast<int>(o_.rdzv_timeout)) +
                                     " s; are all " + std::to_string(o_.nnodes) + " hosts started?");
       return;
@@ -136,7 +143,8 @@ std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_
   for (;;) {
     std::string error;
     double left = deadline - now_seconds();
-    int fd = connect_tcp(o.master_addr, o.rdzv_port, left < 2 ? (left > 0.1 ? left : 0.1) : 2, error);
+    int fd =
+        connect_tcp(o.master_addr, o.rdzv_port, left < 2 ? (left > 0.1 ? left : 0.1) : 2, error);
     if (fd >= 0) {
       std::cerr << "ddprun: node " << o.node_rank << " joined node 0 at " << where << "\n";
       return std::make_unique<AgentCoordinator>(o, fd, deadline);

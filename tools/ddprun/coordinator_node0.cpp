@@ -20,7 +20,9 @@ constexpr int kListener = INT_MIN;  // key of the listening socket in polled_
 class Node0Coordinator : public DecidingCoordinator {
  public:
   Node0Coordinator(const Options& o, const std::string& run_id, int listener)
-      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id), o_(o), listener_(listener),
+      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id),
+        o_(o),
+        listener_(listener),
         join_deadline_(now_seconds() + o.rdzv_timeout) {}
 
   ~Node0Coordinator() override {
@@ -157,7 +159,8 @@ class Node0Coordinator : public DecidingCoordinator {
   void lost(int key, const std::string& how) {
     conns_.erase(key);
     if (key < 0) return;
-    handle(Event::node_lost(key, "its ddprun " + how + " (host down, ddprun killed, or network lost)"));
+    handle(Event::node_lost(key,
+                            "its ddprun " + how + " (host down, ddprun killed, or network lost)"));
   }
 
   const Options& o_;

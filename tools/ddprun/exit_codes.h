@@ -3,9 +3,9 @@
 
 namespace ddprun {
 
-constexpr int kExitError = 1;          // ddprun itself cannot go on (no free port, no temporary folder)
-constexpr int kExitLinkLost = 1;       // a host was lost, or the hosts did not all join in time
-constexpr int kExitUsage = 2;          // bad options, or node 0 refused this host
+constexpr int kExitError = 1;     // ddprun itself cannot go on (no free port, no temporary folder)
+constexpr int kExitLinkLost = 1;  // a host was lost, or the hosts did not all join in time
+constexpr int kExitUsage = 2;     // bad options, or node 0 refused this host
 constexpr int kExitNotExecutable = 126;
 constexpr int kExitNotFound = 127;
 

@@ -83,9 +83,9 @@ class JobPolicy {
   const int max_restarts_;
   const std::string run_id_;
   bool over_ = false;
-  int attempt_ = -1;               // the attempt started last
-  bool restart_decided_ = false;   // attempt_ failed and will be restarted
-  int next_attempt_ = -1;          // the attempt a Restart decided on
+  int attempt_ = -1;              // the attempt started last
+  bool restart_decided_ = false;  // attempt_ failed and will be restarted
+  int next_attempt_ = -1;         // the attempt a Restart decided on
   std::set<int> joined_nodes_, finished_nodes_, stopped_nodes_;
 };
 

@@ -24,7 +24,8 @@ struct UsageError {
   std::string message;
 };
 
-int to_int(const std::string& flag, const std::string& text, long lo, long hi, const std::string& hint) {
+int to_int(const std::string& flag, const std::string& text, long lo, long hi,
+           const std::string& hint) {
   errno = 0;
   char* end = nullptr;
   long v = std::strtol(text.c_str(), &end, 10);
@@ -59,7 +60,8 @@ int resolve_nproc(const std::string& spec) {
   long v = std::strtol(spec.c_str(), &end, 10);
   if (spec.empty() || *end != '\0' || errno != 0 || v < 1 || v > 4096)
     throw UsageError{"--nproc-per-node expects a whole number from 1 to 4096, or one of auto, cpu, "
-                     "gpu; got '" + spec + "'. Example: --nproc-per-node 4"};
+                     "gpu; got '" +
+                     spec + "'. Example: --nproc-per-node 4"};
   return static_cast<int>(v);
 }
 
@@ -75,8 +77,10 @@ size_t command_start(CLI::App& app, int argc, char** argv) {
     const std::string name = arg[1] != '-' ? arg.substr(0, 2) : arg.substr(0, arg.find('='));
     const CLI::Option* opt = app.get_option_no_throw(name);
     if (!opt && name != "-h" && name != "--help")
-      throw UsageError{"unknown option '" + name + "'. Options for the worker program go after its "
-                       "name (or after --): ddprun [OPTIONS] -- PROGRAM " + arg};
+      throw UsageError{"unknown option '" + name +
+                       "'. Options for the worker program go after its "
+                       "name (or after --): ddprun [OPTIONS] -- PROGRAM " +
+                       arg};
     if (has_value || (opt && opt->get_items_expected_max() == 0)) continue;
     ++i;  // the option's value
   }
@@ -86,10 +90,12 @@ size_t command_start(CLI::App& app, int argc, char** argv) {
 void check(Options& o, const RawOptions& raw) {
   o.nnodes = to_int("--nnodes", raw.nnodes, 1, 65536, "Example: --nnodes 2");
   o.node_rank = to_int("--node-rank", raw.node_rank, 0, 65535, "Example: --node-rank 1");
-  o.master_port = to_int("--master-port", raw.master_port, 0, 65535, "Example: --master-port 29500");
+  o.master_port =
+      to_int("--master-port", raw.master_port, 0, 65535, "Example: --master-port 29500");
   o.rdzv_port = to_int("--rdzv-port", raw.rdzv_port, 0, 65535, "Example: --rdzv-port 29501");
   o.rdzv_timeout = to_seconds("--rdzv-timeout", raw.rdzv_timeout, false);
-  o.max_restarts = to_int("--max-restarts", raw.max_restarts, 0, 1000000, "Example: --max-restarts 3");
+  o.max_restarts =
+      to_int("--max-restarts", raw.max_restarts, 0, 1000000, "Example: --max-restarts 3");
   o.monitor_interval = to_seconds("--monitor-interval", raw.monitor_interval, false);
   o.grace_period = to_seconds("--grace-period", raw.grace, true);
   const std::string streams = "Use 0 (none), 1 (stdout), 2 (stderr) or 3 (both).";
@@ -104,14 +110,16 @@ void check(Options& o, const RawOptions& raw) {
     o.master_port = 0;
   }
   if (o.node_rank >= o.nnodes)
-    throw UsageError{"--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
-                     std::to_string(o.nnodes) + ": expected 0 <= node-rank < nnodes. Give each host " +
+    throw UsageError{"--node-rank " + std::to_string(o.node_rank) +
+                     " is out of range for --nnodes " + std::to_string(o.nnodes) +
+                     ": expected 0 <= node-rank < nnodes. Give each host " +
                      "a different --node-rank from 0 to " + std::to_string(o.nnodes - 1) + "."};
   for (char c : o.run_id)
     if (isspace(static_cast<unsigned char>(c)) || !isprint(static_cast<unsigned char>(c)))
       throw UsageError{"--run-id must not hold spaces or control characters; got '" + o.run_id +
                        "'. Example: --run-id job42"};
-  if (o.master_addr.empty()) throw UsageError{"--master-addr is empty. Example: --master-addr 10.0.0.1"};
+  if (o.master_addr.empty())
+    throw UsageError{"--master-addr is empty. Example: --master-addr 10.0.0.1"};
   if (o.multi_host() && o.master_port == 0) o.master_port = 29500;
   if (o.multi_host() && o.rdzv_port == 0) {
     if (o.master_port == 65535)
@@ -148,47 +156,72 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as argparse does
   app.add_option("--nproc-per-node,--nproc_per_node", raw.nproc,
                  "Workers on this host: a number, auto (one per GPU, else 1), cpu (one per core) "
-                 "or gpu (one per GPU)")->capture_default_str()->type_name("N|auto|cpu|gpu");
+                 "or gpu (one per GPU)")
+      ->capture_default_str()
+      ->type_name("N|auto|cpu|gpu");
   app.add_option("--nnodes", raw.nnodes, "Number of hosts")->capture_default_str()->type_name("N");
   app.add_option("--node-rank,--node_rank", raw.node_rank, "Index of this host, 0 to nnodes-1")
-      ->capture_default_str()->type_name("N");
+      ->capture_default_str()
+      ->type_name("N");
   app.add_option("--master-addr,--master_addr", o.master_addr,
-                 "Address of node 0, given to workers as MASTER_ADDR")->capture_default_str()->type_name("ADDR");
+                 "Address of node 0, given to workers as MASTER_ADDR")
+      ->capture_default_str()
+      ->type_name("ADDR");
   app.add_option("--master-port,--master_port", raw.master_port,
                  "Port given to workers as MASTER_PORT; 0 picks a free port on one host, and "
-                 "means 29500 with --nnodes > 1")->capture_default_str()->type_name("PORT");
+                 "means 29500 with --nnodes > 1")
+      ->capture_default_str()
+      ->type_name("PORT");
   app.add_option("--rdzv-port,--rdzv_port", raw.rdzv_port,
                  "TCP port on --master-addr where node 0's ddprun waits for the other hosts' "
-                 "ddprun; 0 means master port + 1")->capture_default_str()->type_name("PORT");
+                 "ddprun; 0 means master port + 1")
+      ->capture_default_str()
+      ->type_name("PORT");
   app.add_option("--rdzv-timeout,--rdzv_timeout", raw.rdzv_timeout,
                  "Seconds to wait for all hosts to join (at the start and at each restart)")
-      ->capture_default_str()->type_name("SECONDS");
+      ->capture_default_str()
+      ->type_name("SECONDS");
   app.add_option("--max-restarts,--max_restarts", raw.max_restarts,
-                 "Times to restart all workers (on every host) after a failure")->capture_default_str()->type_name("N");
+                 "Times to restart all workers (on every host) after a failure")
+      ->capture_default_str()
+      ->type_name("N");
   app.add_option("--monitor-interval,--monitor_interval", raw.monitor_interval,
-                 "Seconds between checks of the workers")->capture_default_str()->type_name("SECONDS");
+                 "Seconds between checks of the workers")
+      ->capture_default_str()
+      ->type_name("SECONDS");
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Write worker output to LOG_DIR/<restart>/rank<RANK>/{stdout,stderr}.log; "
-                 "alone it implies --tee 3")->default_str("none")->type_name("DIR");
+                 "alone it implies --tee 3")
+      ->default_str("none")
+      ->type_name("DIR");
   app.add_option("--redirect,--redirects,-r", raw.redirect,
                  "Send worker streams only to the log files: 0 none, 1 stdout, 2 stderr, 3 both")
-      ->capture_default_str()->type_name("0-3");
+      ->capture_default_str()
+      ->type_name("0-3");
   app.add_option("--tee,-t", raw.tee,
                  "Send worker streams to the log files and to the console: 0 none, 1 stdout, "
-                 "2 stderr, 3 both")->capture_default_str()->type_name("0-3");
-  app.add_flag("--standalone", o.standalone, "One host: nnodes 1 on 127.0.0.1 with a free port [default: off]");
+                 "2 stderr, 3 both")
+      ->capture_default_str()
+      ->type_name("0-3");
+  app.add_flag("--standalone", o.standalone,
+               "One host: nnodes 1 on 127.0.0.1 with a free port [default: off]");
   app.add_option("--grace-period,--grace_period", raw.grace,
-                 "Seconds between SIGTERM and SIGKILL when stopping workers")->capture_default_str()->type_name("SECONDS");
-  app.add_flag("--no-prefix,--no_prefix", o.no_prefix, "Do not prefix output lines with [rank N]: [default: off]");
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->capture_default_str()
+      ->type_name("SECONDS");
+  app.add_flag("--no-prefix,--no_prefix", o.no_prefix,
+               "Do not prefix output lines with [rank N]: [default: off]");
   app.add_option("--run-id,--run_id", o.run_id,
                  "Job id given as TORCHELASTIC_RUN_ID and DDP_RUN_ID (node 0's wins)")
-      ->default_str("random")->type_name("ID");
+      ->default_str("random")
+      ->type_name("ID");
 
   try {
     size_t split = command_start(app, argc, argv);
     std::vector<std::string> args;
     for (size_t i = split; i-- > 1;) args.push_back(argv[i]);
-    size_t first = split < static_cast<size_t>(argc) && std::string(argv[split]) == "--" ? split + 1 : split;
+    size_t first =
+        split < static_cast<size_t>(argc) && std::string(argv[split]) == "--" ? split + 1 : split;
     for (size_t i = first; i < static_cast<size_t>(argc); ++i) o.command.push_back(argv[i]);
     app.parse(args);  // CLI11 takes the arguments in reverse order
     o.nproc_spec = raw.nproc;

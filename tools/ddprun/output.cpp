@@ -33,8 +33,13 @@ bool write_all(int fd, const char* data, size_t len) {
   return true;
 }
 
-LineStream::LineStream(int read_fd, std::string prefix, int console_fd, int file_fd, size_t keep_last)
-    : fd_(read_fd), prefix_(std::move(prefix)), console_fd_(console_fd), file_fd_(file_fd), keep_(keep_last) {}
+LineStream::LineStream(int read_fd, std::string prefix, int console_fd, int file_fd,
+                       size_t keep_last)
+    : fd_(read_fd),
+      prefix_(std::move(prefix)),
+      console_fd_(console_fd),
+      file_fd_(file_fd),
+      keep_(keep_last) {}
 
 LineStream::~LineStream() {
   close_input();

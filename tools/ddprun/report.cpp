@@ -44,8 +44,8 @@ std::string failure_summary(const Options& o, const FailureInfo& f, const std::s
     << "ddprun: " << command << " FAILED\n"
     << thin << "\n"
     << "first failure:\n"
-    << "  rank       : " << f.rank << " (local_rank " << f.local_rank << ", node_rank " << o.node_rank
-    << ")\n"
+    << "  rank       : " << f.rank << " (local_rank " << f.local_rank << ", node_rank "
+    << o.node_rank << ")\n"
     << "  cause      : " << describe_status(f.wait_status) << "\n"
     << "  pid        : " << f.pid << "\n"
     << "  host       : " << host_name() << "\n"
@@ -67,7 +67,8 @@ std::string failure_summary(const Options& o, const FailureInfo& f, const std::s
   s << thin << "\n";
   if (others_stopped > 0)
     s << "stopped the other " << others_stopped << " worker(s) with SIGTERM"
-      << (others_killed ? ", then SIGKILL after the " + seconds(o.grace_period) + " s grace period" : "")
+      << (others_killed ? ", then SIGKILL after the " + seconds(o.grace_period) + " s grace period"
+                        : "")
       << "\n";
   s << "ddprun exits with code " << exit_code << "\n" << rule << "\n";
   return s.str();

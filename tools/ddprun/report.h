@@ -16,10 +16,10 @@ struct FailureInfo {
   int local_rank = -1;
   pid_t pid = -1;
   int wait_status = 0;
-  std::string time;                  // wall clock when ddprun saw it
+  std::string time;  // wall clock when ddprun saw it
   std::deque<std::string> last_stderr;
-  std::string log_file;              // where the full stderr went, if anywhere
-  std::string flight_recorder_dir;   // the workers' flight recorder files, if any
+  std::string log_file;             // where the full stderr went, if anywhere
+  std::string flight_recorder_dir;  // the workers' flight recorder files, if any
   std::vector<std::string> flight_recorder_files;
 };
 

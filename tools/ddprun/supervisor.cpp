@@ -50,7 +50,8 @@ int Supervisor::run() {
     coord_.add_poll_fds(fds);
 
     double wait = state_ == State::Running ? o_.monitor_interval : 0.1;
-    if (state_ == State::Stopping && !killed_) wait = std::min(wait, std::max(0.0, kill_at_ - now_seconds()));
+    if (state_ == State::Stopping && !killed_)
+      wait = std::min(wait, std::max(0.0, kill_at_ - now_seconds()));
     int rc = poll(fds.data(), fds.size(), static_cast<int>(std::min(wait, 1.0) * 1000));
     if (rc < 0 && errno != EINTR) {
       std::cerr << "ddprun: poll failed: " << std::strerror(errno) << "\n";
@@ -84,8 +85,8 @@ void Supervisor::apply(const Decision& d) {
       break;
     case Decision::Restart:
       if (remote) std::cerr << "ddprun: node " << d.node << " failed: " << d.why << "\n";
-      std::cerr << "ddprun: restarting all workers (restart " << d.attempt << " of " << o_.max_restarts
-                << ")\n";
+      std::cerr << "ddprun: restarting all workers (restart " << d.attempt << " of "
+                << o_.max_restarts << ")\n";
       restart_to_ = d.attempt;
       if (state_ == State::Running) begin_stop(SIGTERM);
       break;
@@ -94,7 +95,8 @@ void Supervisor::apply(const Decision& d) {
       exit_ = d;
       restart_to_ = -1;
       if (remote && d.code != 0)
-        std::cerr << "ddprun: node " << d.node << " failed: " << d.why << "; stopping this host's workers\n";
+        std::cerr << "ddprun: node " << d.node << " failed: " << d.why
+                  << "; stopping this host's workers\n";
       if (state_ == State::Running) begin_stop(SIGTERM);
       break;
   }
@@ -110,7 +112,8 @@ void Supervisor::reap() {
       if (w.pid != pid || w.reaped) continue;
       w.reaped = true;
       w.wait_status = status;
-      if (state_ == State::Running && failed_index_ < 0 && status != 0) failed_index_ = static_cast<int>(i);
+      if (state_ == State::Running && failed_index_ < 0 && status != 0)
+        failed_index_ = static_cast<int>(i);
     }
   }
 }
@@ -125,13 +128,14 @@ void Supervisor::check_running() {
     f.wait_status = w.wait_status;
     f.time = wall_clock_now();
     if ((o_.redirect | o_.tee) & 2)
-      f.log_file = log_root() + "/" + std::to_string(attempt_) + "/rank" + std::to_string(w.rank) + "/stderr.log";
+      f.log_file = log_root() + "/" + std::to_string(attempt_) + "/rank" + std::to_string(w.rank) +
+                   "/stderr.log";
     failure_ = f;
     others_stopped_ = 0;
     for (const auto& other : workers_) others_stopped_ += !other.reaped;
     const std::string what = describe_failure(f, host_);
-    std::cerr << "ddprun: " << what << "; stopping " << (o_.multi_host() ? "this host's" : "the other")
-              << " workers\n";
+    std::cerr << "ddprun: " << what << "; stopping "
+              << (o_.multi_host() ? "this host's" : "the other") << " workers\n";
     begin_stop(SIGTERM);
     coord_.local_failed(attempt_, exit_code_of(w.wait_status), what);
     return;
@@ -222,14 +226,16 @@ void Supervisor::on_signal(int sig) {
   if (sig == SIGCHLD) return;
   if (++signals_seen_ == 1) {
     stop_signal_ = sig;
-    std::cerr << "ddprun: got " << signal_name(sig) << "; passing it to the workers (send it again to "
+    std::cerr << "ddprun: got " << signal_name(sig)
+              << "; passing it to the workers (send it again to "
               << "kill them at once)\n";
     if (state_ == State::Running) {
       begin_stop(sig);
     } else {
       for (auto& w : workers_) signal_group(w, sig);
     }
-    coord_.local_abort(exit_code_for_signal(sig), "stopped by " + signal_name(sig) + " on " + host_);
+    coord_.local_abort(exit_code_for_signal(sig),
+                       "stopped by " + signal_name(sig) + " on " + host_);
     return;
   }
   std::cerr << "ddprun: got " << signal_name(sig) << " again; killing the workers\n";
@@ -244,9 +250,11 @@ int Supervisor::finish() {
   if (failure_ && code != 0) {
     std::cerr << failure_summary(o_, *failure_, run_id_, attempt_, code, others_stopped_, killed_);
   } else if (stop_signal_ && code == exit_code_for_signal(stop_signal_)) {
-    std::cerr << "ddprun: stopped by " << signal_name(stop_signal_) << "; exit code " << code << "\n";
+    std::cerr << "ddprun: stopped by " << signal_name(stop_signal_) << "; exit code " << code
+              << "\n";
   } else if (code != 0 && exit_.node >= 0 && exit_.node != o_.node_rank) {
-    std::cerr << "ddprun: exits with code " << code << " because node " << exit_.node << " failed\n";
+    std::cerr << "ddprun: exits with code " << code << " because node " << exit_.node
+              << " failed\n";
   } else if (code != 0 && exit_.error.empty()) {
     std::cerr << "ddprun: exits with code " << code << "\n";
   }

@@ -48,23 +48,23 @@ class Supervisor {
   int attempt_ = -1;
   std::string run_id_;
   std::string rendezvous_dir_;
-  std::string flight_dir_;     // this attempt's flight recorder folder, if ddprun made it
+  std::string flight_dir_;  // this attempt's flight recorder folder, if ddprun made it
   std::string log_root_;
   std::vector<Worker> workers_;
   std::vector<std::unique_ptr<LineStream>> out_, err_;
 
-  double kill_at_ = 0;        // SIGKILL the groups then, if still there
-  double drain_until_ = 0;    // stop waiting for pipes held by stray processes
+  double kill_at_ = 0;      // SIGKILL the groups then, if still there
+  double drain_until_ = 0;  // stop waiting for pipes held by stray processes
   double last_sweep_ = 0;
   bool killed_ = false;
 
-  int failed_index_ = -1;     // first worker of this attempt that failed
+  int failed_index_ = -1;  // first worker of this attempt that failed
   std::optional<FailureInfo> failure_;
   int others_stopped_ = 0;
 
   int signals_seen_ = 0;
   int stop_signal_ = 0;
-  int restart_to_ = -1;       // attempt to run once the workers are gone
+  int restart_to_ = -1;  // attempt to run once the workers are gone
   bool exiting_ = false;
   Decision exit_;
 };

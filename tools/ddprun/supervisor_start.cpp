@@ -54,7 +54,8 @@ void Supervisor::start_attempt(int attempt) {
     if (!spawn_one(lr, log_dir, worker_environment(o_, lr, info))) break;
 }
 
-bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std::vector<std::string>& env) {
+bool Supervisor::spawn_one(int local_rank, const std::string& log_dir,
+                           const std::vector<std::string>& env) {
   Worker w;
   w.local_rank = local_rank;
   w.rank = o_.node_rank * o_.nproc_per_node + local_rank;
@@ -77,9 +78,11 @@ bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std
     std::cerr << "ddprun: warning: cannot create " << dir << ": " << std::strerror(errno) << "\n";
   const std::string prefix = o_.no_prefix ? "" : "[rank " + std::to_string(w.rank) + "]: ";
   const int logged = o_.redirect | o_.tee;
-  out_.push_back(std::make_unique<LineStream>(out[0], prefix, (o_.redirect & 1) ? -1 : STDOUT_FILENO,
+  out_.push_back(std::make_unique<LineStream>(out[0], prefix,
+                                              (o_.redirect & 1) ? -1 : STDOUT_FILENO,
                                               (logged & 1) ? open_log(dir, "stdout.log") : -1, 0));
-  err_.push_back(std::make_unique<LineStream>(err[0], prefix, (o_.redirect & 2) ? -1 : STDERR_FILENO,
+  err_.push_back(std::make_unique<LineStream>(err[0], prefix,
+                                              (o_.redirect & 2) ? -1 : STDERR_FILENO,
                                               (logged & 2) ? open_log(dir, "stderr.log") : -1,
                                               kKeptStderrLines));
   if (w.pid < 0) {
@@ -96,7 +99,8 @@ int Supervisor::open_log(const std::string& dir, const char* name) {
   if (dir.empty()) return -1;
   const std::string path = dir + "/" + name;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) std::cerr << "ddprun: warning: cannot write " << path << ": " << std::strerror(errno) << "\n";
+  if (fd < 0)
+    std::cerr << "ddprun: warning: cannot write " << path << ": " << std::strerror(errno) << "\n";
   return fd;
 }
 

@@ -160,10 +160,12 @@ std::vector<std::string> flight_recorder_files(const std::string& dir) {
   const std::string prefix = "flight_recorder.rank", suffix = ".json";
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+    if (name.size() <= prefix.size() + suffix.size() ||
+        name.compare(0, prefix.size(), prefix) != 0 ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
-    const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    const std::string rank =
+        name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
     if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
     found.emplace_back(std::stoi(rank), dir + "/" + name);
   }

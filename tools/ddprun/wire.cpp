@@ -107,7 +107,8 @@ AgentMessage decode_agent_message(const std::string& line) {
     if (read_int(w[1], attempt)) m = AgentMessage::report(Event::workers_stopped(-1, attempt));
   } else if (w[0] == "abort" && w.size() >= 2) {
     const auto a = split_words(line, 3);  // <what> starts one word earlier here
-    if (read_int(a[1], code)) m = AgentMessage::report(Event::aborted(-1, code, text_at(a, 2, "stopped")));
+    if (read_int(a[1], code))
+      m = AgentMessage::report(Event::aborted(-1, code, text_at(a, 2, "stopped")));
   }
   return m;
 }

@@ -14,7 +14,8 @@ extern char** environ;
 
 namespace ddprun {
 
-std::vector<std::string> worker_environment(const Options& o, int local_rank, const AttemptInfo& a) {
+std::vector<std::string> worker_environment(const Options& o, int local_rank,
+                                            const AttemptInfo& a) {
   const int rank = o.node_rank * o.nproc_per_node + local_rank;
   std::map<std::string, std::string> set = {
       {"RANK", std::to_string(rank)},

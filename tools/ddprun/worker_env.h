@@ -11,8 +11,8 @@ namespace ddprun {
 struct AttemptInfo {
   int attempt = 0;
   std::string run_id;
-  std::string rendezvous_dir;  // empty on several hosts
-  std::string omp_threads;     // empty: leave OMP_NUM_THREADS as it is
+  std::string rendezvous_dir;       // empty on several hosts
+  std::string omp_threads;          // empty: leave OMP_NUM_THREADS as it is
   std::string flight_recorder_dir;  // empty: the user's DDP_FLIGHT_RECORDER_DIR, if any
 };
 

@@ -27,9 +27,7 @@ struct NetImpl : torch::nn::Module {
     fc2 = register_module("fc2", torch::nn::Linear(512, 512));
     fc3 = register_module("fc3", torch::nn::Linear(512, 10));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Net);
@@ -77,7 +75,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ddp-cpp GPU checks (run under ddprun)"};
@@ -93,9 +91,9 @@ int main(int argc, char** argv) {
 
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend(backend));
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
-  const torch::Device device =
-      device_name == "cuda" ? torch::Device(torch::kCUDA, ddp::get_local_rank())
-                            : torch::Device(torch::kCPU);
+  const torch::Device device = device_name == "cuda"
+                                   ? torch::Device(torch::kCUDA, ddp::get_local_rank())
+                                   : torch::Device(torch::kCPU);
   if (device.is_cuda()) {
     TORCH_CHECK(torch::cuda::is_available(), "--device cuda, but no CUDA device is visible");
   }

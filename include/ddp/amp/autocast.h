@@ -59,5 +59,5 @@ bool is_autocast_enabled(c10::DeviceType device_type);
 /// The lower-precision dtype autocast uses for `device_type` on this thread.
 at::ScalarType get_autocast_dtype(c10::DeviceType device_type);
 
-} // namespace amp
-} // namespace ddp
+}  // namespace amp
+}  // namespace ddp

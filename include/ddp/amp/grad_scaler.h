@@ -44,8 +44,8 @@
 namespace torch {
 namespace optim {
 class Optimizer;
-} // namespace optim
-} // namespace torch
+}  // namespace optim
+}  // namespace torch
 
 namespace ddp {
 namespace amp {
@@ -159,5 +159,5 @@ class GradScaler {
   std::deque<OptimizerState> per_optimizer_;  // this iteration's, cleared by update()
 };
 
-} // namespace amp
-} // namespace ddp
+}  // namespace amp
+}  // namespace ddp

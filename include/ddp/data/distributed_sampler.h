@@ -86,8 +86,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   /// Throws when the dataset is empty, rank >= num_replicas, drop_last leaves no
   /// samples, or num_replicas/rank are unset and no default process group exists.
-  explicit DistributedSampler(size_t dataset_size,
-                              const DistributedSamplerOptions& options = {});
+  explicit DistributedSampler(size_t dataset_size, const DistributedSamplerOptions& options = {});
 
   /// Starts epoch `epoch` from its beginning (Python's set_epoch). Every rank must call
   /// it with the same value. After load()/load_state() for the same epoch it keeps the
@@ -143,4 +142,4 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   std::shared_ptr<State> state_;
 };
 
-} // namespace ddp
+}  // namespace ddp

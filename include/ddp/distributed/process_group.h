@@ -77,7 +77,7 @@ class Comm;
 /// A group over an already connected Comm (the library's own, or a test double).
 std::shared_ptr<ProcessGroup> make_process_group(std::unique_ptr<Comm> comm);
 Comm& comm_of(const ProcessGroup& pg);
-} // namespace detail
+}  // namespace detail
 
 /// A handle to an asynchronous collective.
 class Work {
@@ -204,4 +204,4 @@ class ProcessGroupGuard {
   ProcessGroupGuard& operator=(const ProcessGroupGuard&) = delete;
 };
 
-} // namespace ddp
+}  // namespace ddp

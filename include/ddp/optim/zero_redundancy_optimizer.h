@@ -49,15 +49,25 @@ namespace ddp {
 template <typename Options>
 struct OptimizerFor {};
 template <>
-struct OptimizerFor<torch::optim::SGDOptions> { using type = torch::optim::SGD; };
+struct OptimizerFor<torch::optim::SGDOptions> {
+  using type = torch::optim::SGD;
+};
 template <>
-struct OptimizerFor<torch::optim::AdamOptions> { using type = torch::optim::Adam; };
+struct OptimizerFor<torch::optim::AdamOptions> {
+  using type = torch::optim::Adam;
+};
 template <>
-struct OptimizerFor<torch::optim::AdamWOptions> { using type = torch::optim::AdamW; };
+struct OptimizerFor<torch::optim::AdamWOptions> {
+  using type = torch::optim::AdamW;
+};
 template <>
-struct OptimizerFor<torch::optim::AdagradOptions> { using type = torch::optim::Adagrad; };
+struct OptimizerFor<torch::optim::AdagradOptions> {
+  using type = torch::optim::Adagrad;
+};
 template <>
-struct OptimizerFor<torch::optim::RMSpropOptions> { using type = torch::optim::RMSprop; };
+struct OptimizerFor<torch::optim::RMSpropOptions> {
+  using type = torch::optim::RMSprop;
+};
 
 /// How every rank receives the parameters that other ranks stepped (docs/zero.md has
 /// measurements).
@@ -92,7 +102,7 @@ struct HasOptimizerFor : std::false_type {};
 template <typename Options>
 struct HasOptimizerFor<Options, std::void_t<typename OptimizerFor<Options>::type>>
     : std::true_type {};
-} // namespace detail
+}  // namespace detail
 
 /// An optimizer that keeps 1/world_size of the optimizer state on each rank.
 ///
@@ -207,4 +217,4 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
 /// square_avg, momentum_buffer and grad_avg); 0 for state of another type.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
-} // namespace ddp
+}  // namespace ddp

@@ -96,5 +96,5 @@ std::shared_ptr<CommHook> fp16_compress_hook();
 /// fp16_compress_hook on Gloo to save bandwidth). Other backends reduce bf16 natively.
 std::shared_ptr<CommHook> bf16_compress_hook();
 
-} // namespace comm_hooks
-} // namespace ddp
+}  // namespace comm_hooks
+}  // namespace ddp

@@ -118,16 +118,16 @@ namespace detail {
 template <typename M>
 std::shared_ptr<torch::nn::Module> as_module_ptr(const torch::nn::ModuleHolder<M>& holder) {
   TORCH_CHECK(!holder.is_empty(), "DistributedDataParallel got an empty module holder "
-              "(nullptr); construct the module before wrapping it.");
+                                  "(nullptr); construct the module before wrapping it.");
   return holder.ptr();
 }
 template <typename M>
 std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& module) {
   TORCH_CHECK(module != nullptr, "DistributedDataParallel got a null module pointer; "
-              "construct the module before wrapping it.");
+                                 "construct the module before wrapping it.");
   return module;
 }
-} // namespace detail
+}  // namespace detail
 
 /// The module behind ddp::DistributedDataParallel<ModuleType>. ModuleType is what you
 /// wrap: a TORCH_MODULE holder (Net, torch::nn::Sequential, ...) or a
@@ -136,8 +136,7 @@ template <typename ModuleType>
 class DistributedDataParallelImpl : public DistributedDataParallelBase {
  public:
   explicit DistributedDataParallelImpl(
-      ModuleType module,
-      DistributedDataParallelOptions options = DistributedDataParallelOptions())
+      ModuleType module, DistributedDataParallelOptions options = DistributedDataParallelOptions())
       : DistributedDataParallelBase(detail::as_module_ptr(module), std::move(options)),
         module_(std::move(module)) {}
 
@@ -154,8 +153,7 @@ class DistributedDataParallelImpl : public DistributedDataParallelBase {
     if (wants_outputs) {
       std::vector<at::Tensor> tensors;
       OutputTensors<Output>::collect(output, tensors);
-      after_forward(tensors,
-                    OutputTensors<Output>::known ? nullptr : typeid(Output).name());
+      after_forward(tensors, OutputTensors<Output>::known ? nullptr : typeid(Output).name());
     } else {
       after_forward({}, nullptr);
     }
@@ -184,11 +182,10 @@ class DistributedDataParallel
   /// installs the gradient hooks. Collective: every rank of the group must call it.
   /// Throws MismatchError when ranks' models differ, TimeoutError when a rank does not
   /// take part in time.
-  DistributedDataParallel(
-      ModuleType module,
-      DistributedDataParallelOptions options = DistributedDataParallelOptions())
-      : Holder(std::make_shared<DistributedDataParallelImpl<ModuleType>>(
-            std::move(module), std::move(options))) {}
+  DistributedDataParallel(ModuleType module,
+                          DistributedDataParallelOptions options = DistributedDataParallelOptions())
+      : Holder(std::make_shared<DistributedDataParallelImpl<ModuleType>>(std::move(module),
+                                                                         std::move(options))) {}
 
   /// dmodel(args...) is dmodel->forward(args...). (ModuleHolder's own operator() cannot
   /// see a templated forward, so it is replaced here.)
@@ -217,4 +214,4 @@ class NoSyncGuard {
   DistributedDataParallelBase* model_;
 };
 
-} // namespace ddp
+}  // namespace ddp

@@ -69,4 +69,4 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(std::string, trace_path) = "";
 };
 
-} // namespace ddp
+}  // namespace ddp

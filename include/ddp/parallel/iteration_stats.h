@@ -42,4 +42,4 @@ struct IterationStats {
   std::vector<double> bucket_allreduce_ms;
 };
 
-} // namespace ddp
+}  // namespace ddp

@@ -51,7 +51,7 @@ struct JoinOptions {
 
 namespace detail {
 class JoinContext;
-} // namespace detail
+}  // namespace detail
 
 /// What the ranks still training announced at the start of one of their forwards.
 struct JoinRound {
@@ -88,4 +88,4 @@ class Joinable {
 void join(const std::vector<Joinable*>& participants, const std::function<void()>& body,
           const JoinOptions& options = JoinOptions());
 
-} // namespace ddp
+}  // namespace ddp

@@ -43,7 +43,7 @@ struct OutputTensors<at::Tensor> {
 
 namespace detail {
 void collect_ivalue_tensors(const c10::IValue& value, std::vector<at::Tensor>& out);
-} // namespace detail
+}  // namespace detail
 
 template <>
 struct OutputTensors<c10::IValue> {
@@ -89,9 +89,8 @@ struct OutputTensors<std::tuple<Ts...>> {
   template <std::size_t... I>
   static void collect_each(const std::tuple<Ts...>& v, std::vector<at::Tensor>& out,
                            std::index_sequence<I...>) {
-    (OutputTensors<std::tuple_element_t<I, std::tuple<Ts...>>>::collect(std::get<I>(v), out),
-     ...);
+    (OutputTensors<std::tuple_element_t<I, std::tuple<Ts...>>>::collect(std::get<I>(v), out), ...);
   }
 };
 
-} // namespace ddp
+}  // namespace ddp

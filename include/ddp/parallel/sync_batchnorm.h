@@ -31,8 +31,8 @@ namespace nn {
 class BatchNorm1dImpl;
 class BatchNorm2dImpl;
 class BatchNorm3dImpl;
-} // namespace nn
-} // namespace torch
+}  // namespace nn
+}  // namespace torch
 
 namespace ddp {
 
@@ -70,7 +70,7 @@ namespace detail {
 /// torch::nn::BatchNorm{1,2,3}dImpl.
 std::shared_ptr<SyncBatchNormImpl> sync_batchnorm_sharing_state_of(
     const torch::nn::Module& batchnorm, std::shared_ptr<ProcessGroup> process_group);
-} // namespace detail
+}  // namespace detail
 
 /// Batch normalisation over (N, C, ...) inputs (any rank >= 2) whose training statistics
 /// are the mean and variance of every rank's batch together: the output, the gradients
@@ -179,9 +179,9 @@ Holder convert_sync_batchnorm(Holder holder,
                 "convert_sync_batchnorm: a BatchNorm holder cannot hold a SyncBatchNorm; "
                 "pass bn.ptr() and keep the returned module.");
   TORCH_CHECK(!holder.is_empty(), "convert_sync_batchnorm got an empty module holder "
-              "(nullptr); construct the module before converting it.");
+                                  "(nullptr); construct the module before converting it.");
   convert_sync_batchnorm(holder.ptr(), std::move(process_group));
   return holder;
 }
 
-} // namespace ddp
+}  // namespace ddp

@@ -27,7 +27,7 @@ class DistributedDataParallelBase;
 
 namespace detail {
 class TraceWriter;
-} // namespace detail
+}  // namespace detail
 
 namespace trace {
 
@@ -38,8 +38,8 @@ class Scope {
   Scope(const DistributedDataParallelBase& model, std::string name);
   /// Accepts the holder (ddp::DistributedDataParallel<M>) as well as the module.
   template <typename Holder,
-            typename = std::enable_if_t<std::is_base_of<
-                DistributedDataParallelBase, typename Holder::ContainedType>::value>>
+            typename = std::enable_if_t<std::is_base_of<DistributedDataParallelBase,
+                                                        typename Holder::ContainedType>::value>>
   Scope(const Holder& holder, std::string name) : Scope(*holder, std::move(name)) {}
   ~Scope();
   Scope(const Scope&) = delete;
@@ -51,5 +51,5 @@ class Scope {
   int64_t start_us_ = 0;
 };
 
-} // namespace trace
-} // namespace ddp
+}  // namespace trace
+}  // namespace ddp

@@ -48,22 +48,22 @@
 namespace torch {
 namespace nn {
 class Module;
-} // namespace nn
+}  // namespace nn
 namespace optim {
 class Optimizer;
-} // namespace optim
-} // namespace torch
+}  // namespace optim
+}  // namespace torch
 
 namespace ddp {
 
 namespace amp {
 class GradScaler;
-} // namespace amp
+}  // namespace amp
 
 class ZeroRedundancyOptimizer;
 namespace detail {
 class ShardedOptimizerState;
-} // namespace detail
+}  // namespace detail
 
 /// The caller's own values in a checkpoint: string keys, any IValue (int, double,
 /// string, tensor, list, dict); Python reads it as dict[str, Any].
@@ -80,7 +80,10 @@ struct Checkpoint {
   explicit Checkpoint(torch::nn::Module& model) : model_(&model) {}
 
   /// The unwrapped model (for DDP: ddp_model->module()); its parameters and buffers.
-  Checkpoint& model(torch::nn::Module& model) { model_ = &model; return *this; }
+  Checkpoint& model(torch::nn::Module& model) {
+    model_ = &model;
+    return *this;
+  }
   torch::nn::Module* model() const { return model_; }
   /// torch::optim::SGD, Adam or AdamW; nullptr: none.
   Checkpoint& optimizer(torch::optim::Optimizer* optimizer) {
@@ -98,7 +101,10 @@ struct Checkpoint {
   Checkpoint& optimizer(ZeroRedundancyOptimizer* optimizer);
   torch::optim::Optimizer* optimizer() const { return optimizer_; }
   /// nullptr: none.
-  Checkpoint& sampler(DistributedSampler* sampler) { sampler_ = sampler; return *this; }
+  Checkpoint& sampler(DistributedSampler* sampler) {
+    sampler_ = sampler;
+    return *this;
+  }
   DistributedSampler* sampler() const { return sampler_; }
   /// The mixed-precision loss scaler (its scale and growth tracker); nullptr: none. A
   /// checkpoint without scaler state (saved without one, or by a disabled scaler) loads
@@ -128,8 +134,7 @@ struct Checkpoint {
   /// present, each CUDA device's), so that dropout and random augmentation repeat.
   TORCH_ARG(bool, rng) = true;
   /// The caller's own values. A dict shares its contents when copied.
-  TORCH_ARG(CheckpointExtra, extra) =
-      CheckpointExtra(c10::StringType::get(), c10::AnyType::get());
+  TORCH_ARG(CheckpointExtra, extra) = CheckpointExtra(c10::StringType::get(), c10::AnyType::get());
 
  private:
   torch::nn::Module* model_ = nullptr;
@@ -208,4 +213,4 @@ c10::Dict<std::string, at::Tensor> read_state_dict(const std::string& path);
 /// Writes model_state_dict(model) atomically, for torch.load in Python.
 void save_model_state_dict(const torch::nn::Module& model, const std::string& path);
 
-} // namespace ddp
+}  // namespace ddp

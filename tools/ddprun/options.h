@@ -27,10 +27,21 @@ struct Options {
   double grace_period = 5;
   bool no_prefix = false;
   std::string run_id;  // empty: random (node 0's on several hosts)
+  bool run_id_given = false;  // --run-id/--rdzv-id was given (c10d hosts must agree on it)
+  // Rendezvous: "static" (node ranks from --node-rank) or "c10d" (node ranks in join
+  // order; node 0 is the host that can listen on --rdzv-endpoint).
+  std::string rdzv_backend = "static";
+  double last_call_timeout = 30;  // --rdzv-conf; for MIN:MAX membership
+  double close_timeout = 30;      // --rdzv-conf
+  std::string role = "default";   // ROLE_NAME
+  std::vector<int> local_ranks_filter;  // local ranks shown on the console; empty: all
   std::vector<std::string> command;
   std::string program_path;  // command[0] as execvp would find it
 
   bool multi_host() const { return nnodes > 1; }
+  // Node ranks are handed out at rendezvous (node_rank is -1 until then on nodes 1..N-1).
+  bool dynamic_rank() const { return multi_host() && rdzv_backend == "c10d"; }
+  bool shows_local_rank(int local_rank) const;
   int world_size() const { return nnodes * nproc_per_node; }
 };
 

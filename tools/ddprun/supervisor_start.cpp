@@ -77,9 +77,12 @@ bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std
     std::cerr << "ddprun: warning: cannot create " << dir << ": " << std::strerror(errno) << "\n";
   const std::string prefix = o_.no_prefix ? "" : "[rank " + std::to_string(w.rank) + "]: ";
   const int logged = o_.redirect | o_.tee;
-  out_.push_back(std::make_unique<LineStream>(out[0], prefix, (o_.redirect & 1) ? -1 : STDOUT_FILENO,
+  // --local-ranks-filter hides a rank from the console only; its log files and the
+  // failure summary still get its lines.
+  const int console = o_.shows_local_rank(local_rank) ? o_.redirect : 3;
+  out_.push_back(std::make_unique<LineStream>(out[0], prefix, (console & 1) ? -1 : STDOUT_FILENO,
                                               (logged & 1) ? open_log(dir, "stdout.log") : -1, 0));
-  err_.push_back(std::make_unique<LineStream>(err[0], prefix, (o_.redirect & 2) ? -1 : STDERR_FILENO,
+  err_.push_back(std::make_unique<LineStream>(err[0], prefix, (console & 2) ? -1 : STDERR_FILENO,
                                               (logged & 2) ? open_log(dir, "stderr.log") : -1,
                                               kKeptStderrLines));
   if (w.pid < 0) {

@@ -23,7 +23,7 @@ std::vector<std::string> worker_environment(const Options& o, int local_rank, co
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
-      {"ROLE_NAME", "default"},
+      {"ROLE_NAME", o.role},
       {"ROLE_RANK", std::to_string(rank)},
       {"ROLE_WORLD_SIZE", std::to_string(o.world_size())},
       {"MASTER_ADDR", o.master_addr},

@@ -246,7 +246,6 @@ void add_interpreter(Options& o, const RawOptions& raw) {
 
 void check(Options& o, const RawOptions& raw) {
   o.nnodes = parse_nnodes(raw.nnodes);
-  check_rendezvous(o, raw);
   o.master_port = to_int("--master-port", raw.master_port, 0, 65535, "Example: --master-port 29500");
   o.rdzv_port = to_int("--rdzv-port", raw.rdzv_port, 0, 65535, "Example: --rdzv-port 29501");
   o.rdzv_timeout = to_seconds("--rdzv-timeout", raw.rdzv_timeout, false);
@@ -256,6 +255,7 @@ void check(Options& o, const RawOptions& raw) {
   const std::string streams = "Use 0 (none), 1 (stdout), 2 (stderr) or 3 (both).";
   o.redirect = to_int("--redirect", raw.redirect, 0, 3, streams);
   o.tee = to_int("--tee", raw.tee, 0, 3, streams);
+  check_rendezvous(o, raw);  // after --rdzv-port/--rdzv-timeout, which the endpoint and conf override
   o.local_ranks_filter = parse_local_ranks(raw.local_ranks_filter);
   if (raw.start_method != "spawn" && raw.start_method != "fork" && raw.start_method != "forkserver")
     throw UsageError{"--start-method expects spawn, fork or forkserver; got '" + raw.start_method + "'"};
@@ -373,7 +373,9 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
       ->capture_default_str()->type_name("spawn|fork|forkserver");
   app.add_option("--shutdown-timeout,--shutdown_timeout", raw.grace, "Same as --grace-period")
       ->type_name("SECONDS");
-  app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
+  app.add_option("--rdzv-id,--rdzv_id", o.run_id,
+                 "torchrun's name for --run-id; with c10d every host must give the same")->type_name("ID");
+  app.add_option("--run-id,--run_id", o.run_id,
                  "Job id given as TORCHELASTIC_RUN_ID and DDP_RUN_ID (node 0's wins)")
       ->default_str("random")->type_name("ID");
 
@@ -385,7 +387,7 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
     for (size_t i = first; i < static_cast<size_t>(argc); ++i) o.command.push_back(argv[i]);
     app.parse(args);  // CLI11 takes the arguments in reverse order
     o.nproc_spec = raw.nproc;
-    o.run_id_given = app.count("--run-id") > 0;
+    o.run_id_given = app.count("--run-id") + app.count("--rdzv-id") > 0;
     check(o, raw);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();

@@ -45,6 +45,13 @@ Node0Message Node0Message::ping() {
   return m;
 }
 
+Node0Message Node0Message::welcome(int node) {
+  Node0Message m;
+  m.kind = Welcome;
+  m.node = node;
+  return m;
+}
+
 Node0Message Node0Message::order(const Decision& d) {
   Node0Message m;
   m.kind = Order;
@@ -69,7 +76,7 @@ std::string encode(const AgentMessage& m) {
       return "ping";
     case AgentMessage::Hello:
       return "hello " + to_string(m.hello.node) + " " + to_string(m.hello.nnodes) + " " +
-             to_string(m.hello.nproc);
+             to_string(m.hello.nproc) + (m.hello.run_id.empty() ? "" : " " + m.hello.run_id);
     case AgentMessage::Report:
       switch (e.kind) {
         case Event::WorkerFailed:
@@ -96,7 +103,9 @@ AgentMessage decode_agent_message(const std::string& line) {
   Introduction h;
   int attempt = 0, code = 0;
   if (w[0] == "hello" && w.size() == 4) {
-    if (read_int(w[1], h.node) && read_int(w[2], h.nnodes) && read_int(w[3], h.nproc))
+    const auto hw = split_words(line, 6);  // the run id is one word; more is not a hello
+    if (hw.size() == 5) h.run_id = hw[4];
+    if (hw.size() <= 5 && read_int(hw[1], h.node) && read_int(hw[2], h.nnodes) && read_int(hw[3], h.nproc))
       m = AgentMessage::introduce(h);
   } else if (w[0] == "fail" && w.size() >= 3) {
     if (read_int(w[1], attempt) && read_int(w[2], code))
@@ -122,6 +131,8 @@ std::string encode(const Node0Message& m) {
       return "ping";
     case Node0Message::Refusal:
       return "error " + m.refusal;
+    case Node0Message::Welcome:
+      return "welcome " + to_string(m.node);
     case Node0Message::Order:
       switch (d.kind) {
         case Decision::Start:
@@ -147,6 +158,9 @@ Node0Message decode_node0_message(const std::string& line) {
     d.kind = Decision::Start;
     d.run_id = w[2];
     if (read_int(w[1], d.attempt)) m = Node0Message::order(d);
+  } else if (w[0] == "welcome" && w.size() == 2) {
+    int node = -1;
+    if (read_int(w[1], node)) m = Node0Message::welcome(node);
   } else if (w[0] == "restart" && w.size() >= 3) {
     d.kind = Decision::Restart;
     d.why = text_at(w, 3, "");

@@ -20,7 +20,7 @@ constexpr int kListener = INT_MIN;  // key of the listening socket in polled_
 class Node0Coordinator : public DecidingCoordinator {
  public:
   Node0Coordinator(const Options& o, const std::string& run_id, int listener)
-      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id), o_(o), listener_(listener),
+      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id, o.min_nodes), o_(o), listener_(listener),
         join_deadline_(now_seconds() + o.rdzv_timeout) {}
 
   ~Node0Coordinator() override {
@@ -57,12 +57,16 @@ class Node0Coordinator : public DecidingCoordinator {
   }
 
   void tick(double now) override {
+    if (last_call_at_ > 0 && now >= last_call_at_) {
+      last_call_at_ = 0;
+      handle(Event::last_call_over());
+    }
     if (!policy().started() && now > join_deadline_) {
       std::string missing;
       for (int n = 1; n < o_.nnodes; ++n)
         if (!conns_.count(n)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
       if (o_.dynamic_rank())
-        missing = std::to_string(o_.nnodes - next_rank_) + " more host(s)";
+        missing = std::to_string(o_.min_nodes - policy().present()) + " more host(s)";
       handle(Event::join_timed_out(
           "nodes " + missing + " did not join within --rdzv-timeout " +
           std::to_string(static_cast<int>(o_.rdzv_timeout)) + " s. Node 0 waits at " +
@@ -134,7 +138,8 @@ class Node0Coordinator : public DecidingCoordinator {
       problem = "this host has --rdzv-id '" + (h.run_id.empty() ? "(none)" : h.run_id) +
                 "' but node 0 runs --rdzv-id '" + (o_.run_id_given ? o_.run_id : "(none)") +
                 "'; every host of one job must give the same --rdzv-id";
-    } else if (o_.dynamic_rank() && (next_rank_ >= o_.nnodes || policy().started())) {
+    } else if (o_.dynamic_rank() && (policy().present() >= o_.nnodes ||
+                                     (policy().started() && !policy().elastic()))) {
       problem = "all " + std::to_string(o_.nnodes) + " nodes (--nnodes) have already joined";
     } else if (h.node == -1) {
       // c10d: node ranks in join order; node 0 is the host serving the endpoint.
@@ -160,10 +165,21 @@ class Node0Coordinator : public DecidingCoordinator {
 
   // Every decision reaches the other hosts before this host's supervisor acts on it.
   void announce(const Decision& d) override {
-    if (d.kind == Decision::Start && listener_ >= 0) start_job();
+    if (d.kind == Decision::LastCall) {
+      last_call_at_ = now_seconds() + o_.last_call_timeout;
+      std::cerr << "ddprun: " << o_.min_nodes << " node(s) joined (--nnodes " << o_.min_nodes << ":"
+                << o_.nnodes << "); starting in " << o_.last_call_timeout
+                << " s (last_call_timeout) unless all " << o_.nnodes << " join sooner\n";
+      return;
+    }
+    if (d.kind == Decision::Start && listener_ >= 0 && !policy().elastic()) start_job();
+    if (d.kind == Decision::Start && policy().elastic())
+      std::cerr << "ddprun: starting attempt " << d.attempt << " on " << d.members.size() << " node(s)\n";
+    // With MIN:MAX, hosts waiting to join take no part in a restart; they are started
+    // with the next attempt's members.
     const std::string line = encode(Node0Message::order(d));
     for (auto& [key, conn] : conns_)
-      if (key > 0) conn->send_line(line);
+      if (key > 0 && (d.kind == Decision::Exit || policy().member(key))) conn->send_line(line);
   }
 
   // The first start: every node has joined, so no other host is let in.
@@ -188,6 +204,7 @@ class Node0Coordinator : public DecidingCoordinator {
   std::vector<int> polled_;
   int next_pending_ = -1;
   int next_rank_ = 1;  // c10d: the node rank the next host to join gets
+  double last_call_at_ = 0;  // MIN:MAX: when the last call ends (0: none running)
 };
 
 }  // namespace

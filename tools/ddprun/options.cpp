@@ -120,17 +120,18 @@ size_t command_start(CLI::App& app, int argc, char** argv) {
   return argc;
 }
 
-// --nnodes N, or torchrun's MIN:MAX range.
-int parse_nnodes(const std::string& text) {
+// --nnodes N, or torchrun's MIN:MAX range (sets min_nodes too).
+void parse_nnodes(Options& o, const std::string& text) {
   const size_t colon = text.find(':');
-  if (colon == std::string::npos) return to_int("--nnodes", text, 1, 65536, "Example: --nnodes 2");
-  const std::string hint = "Example: --nnodes 2 or --nnodes 2:2";
-  const int lo = to_int("--nnodes", text.substr(0, colon), 1, 65536, hint);
-  const int hi = to_int("--nnodes", text.substr(colon + 1), 1, 65536, hint);
-  if (lo != hi)
-    throw UsageError{"--nnodes " + text + ": ddprun does not take an elastic range of hosts (MIN:MAX "
-                     "with MIN < MAX); give one number of hosts, e.g. --nnodes " + std::to_string(hi) + "."};
-  return lo;
+  if (colon == std::string::npos) {
+    o.nnodes = o.min_nodes = to_int("--nnodes", text, 1, 65536, "Example: --nnodes 2");
+    return;
+  }
+  const std::string hint = "Example: --nnodes 2 or --nnodes 2:4";
+  o.min_nodes = to_int("--nnodes", text.substr(0, colon), 1, 65536, hint);
+  o.nnodes = to_int("--nnodes", text.substr(colon + 1), 1, 65536, hint);
+  if (o.min_nodes > o.nnodes)
+    throw UsageError{"--nnodes " + text + ": MIN is above MAX. " + hint};
 }
 
 // --rdzv-conf key=value,...: the keys of torchrun's c10d rendezvous that ddprun uses.
@@ -207,6 +208,10 @@ void check_rendezvous(Options& o, const RawOptions& raw) {
                      "(each host gives --node-rank) or c10d (node ranks handed out as hosts join)."};
   parse_rdzv_conf(o, raw.rdzv_conf);
   if (o.rdzv_backend == "static") {
+    if (o.min_nodes < o.nnodes)
+      throw UsageError{"--nnodes " + raw.nnodes + ": a range of hosts (MIN:MAX) needs --rdzv-backend c10d "
+                       "and --rdzv-endpoint; with static node ranks give one number, e.g. --nnodes " +
+                       std::to_string(o.nnodes) + "."};
     if (!raw.rdzv_endpoint.empty())
       throw UsageError{"--rdzv-endpoint goes with --rdzv-backend c10d. With static node ranks, give "
                        "node 0's address and port as --master-addr and --master-port."};
@@ -245,7 +250,7 @@ void add_interpreter(Options& o, const RawOptions& raw) {
 }
 
 void check(Options& o, const RawOptions& raw) {
-  o.nnodes = parse_nnodes(raw.nnodes);
+  parse_nnodes(o, raw.nnodes);
   o.master_port = to_int("--master-port", raw.master_port, 0, 65535, "Example: --master-port 29500");
   o.rdzv_port = to_int("--rdzv-port", raw.rdzv_port, 0, 65535, "Example: --rdzv-port 29501");
   o.rdzv_timeout = to_seconds("--rdzv-timeout", raw.rdzv_timeout, false);

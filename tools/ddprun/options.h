@@ -12,7 +12,8 @@ namespace ddprun {
 struct Options {
   std::string nproc_spec = "1";
   int nproc_per_node = 1;  // resolved from nproc_spec
-  int nnodes = 1;
+  int nnodes = 1;      // with MIN:MAX, MAX
+  int min_nodes = 1;   // --nnodes MIN:MAX (c10d only); MIN == nnodes for a fixed number
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on one host, 29500 on several

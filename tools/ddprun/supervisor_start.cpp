@@ -26,6 +26,12 @@ void Supervisor::start_attempt(int attempt) {
   drain_until_ = 0;
   workers_.clear();
   AttemptInfo info{attempt, run_id_, "", omp_threads_, ""};
+  group_rank_ = o_.node_rank;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i] == o_.node_rank) {
+      group_rank_ = info.group_rank = static_cast<int>(i);
+      info.group_world_size = static_cast<int>(members_.size());
+    }
   if (!o_.multi_host()) {
     std::string error;
     rendezvous_dir_ = info.rendezvous_dir = make_rendezvous_dir(run_id_, attempt, error);
@@ -57,7 +63,7 @@ void Supervisor::start_attempt(int attempt) {
 bool Supervisor::spawn_one(int local_rank, const std::string& log_dir, const std::vector<std::string>& env) {
   Worker w;
   w.local_rank = local_rank;
-  w.rank = o_.node_rank * o_.nproc_per_node + local_rank;
+  w.rank = group_rank_ * o_.nproc_per_node + local_rank;
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) return false;
   if (pipe2(err, O_CLOEXEC) != 0) {

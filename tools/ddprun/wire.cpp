@@ -90,6 +90,7 @@ std::string encode(const AgentMessage& m) {
         case Event::NodeJoined:
         case Event::JoinTimedOut:
         case Event::NodeLost:
+        case Event::LastCallOver:
           return "";  // node 0 sees these itself
       }
   }
@@ -136,13 +137,18 @@ std::string encode(const Node0Message& m) {
     case Node0Message::Order:
       switch (d.kind) {
         case Decision::Start:
-          return "go " + to_string(d.attempt) + " " + d.run_id;
+        {
+          std::string line = "go " + to_string(d.attempt) + " " + d.run_id;
+          for (size_t i = 0; i < d.members.size(); ++i) line += (i ? "," : " ") + to_string(d.members[i]);
+          return line;
+        }
         case Decision::Restart:
           return "restart " + to_string(d.attempt) + " " + to_string(d.node) + " " + d.why;
         case Decision::Exit:
           if (d.code == 0) return "done";
           return "abort " + to_string(d.code) + " " + to_string(d.node) + " " + d.why;
         case Decision::Wait:
+        case Decision::LastCall:  // node 0's own timer
           return "";
       }
   }
@@ -154,10 +160,22 @@ Node0Message decode_node0_message(const std::string& line) {
   Node0Message m;
   if (w.empty() || (w[0] == "ping" && w.size() == 1)) return Node0Message::ping();
   Decision d;
-  if (w[0] == "go" && w.size() == 3) {
+  if (w[0] == "go" && (w.size() == 3 || w.size() == 4)) {
     d.kind = Decision::Start;
     d.run_id = w[2];
-    if (read_int(w[1], d.attempt)) m = Node0Message::order(d);
+    bool ok = read_int(w[1], d.attempt);
+    if (w.size() == 4) {
+      size_t pos = 0;
+      while (ok && pos <= w[3].size()) {
+        size_t end = w[3].find(',', pos);
+        if (end == std::string::npos) end = w[3].size();
+        int node = 0;
+        ok = read_int(w[3].substr(pos, end - pos), node);
+        d.members.push_back(node);
+        pos = end + 1;
+      }
+    }
+    if (ok) m = Node0Message::order(d);
   } else if (w[0] == "welcome" && w.size() == 2) {
     int node = -1;
     if (read_int(w[1], node)) m = Node0Message::welcome(node);

@@ -8,7 +8,8 @@
 //                    stopped <attempt>                (its workers are gone, ready to restart)
 //                    abort <code> <what>              (it stops for good, e.g. SIGINT)
 //   node 0 -> agent: welcome <node>                   (joined; c10d: its node rank)
-//                    go <attempt> <run-id>            (start the workers)
+//                    go <attempt> <run-id> [<n>,<n>...] (start the workers; with
+//                                                      --nnodes MIN:MAX, the members by group rank)
 //                    restart <attempt> <node> <what>  (stop them; wait for the next go)
 //                    done                             (every host succeeded: exit 0)
 //                    abort <code> <node> <what>       (stop them and exit with <code>)

@@ -166,7 +166,10 @@ class TorchrunLinesTest(T.DdprunTestCase):
             self.assertEqual("[rank %d]: rank %d of %d ready" % (rank, rank, world) in out, visible, out)
 
 
-class DynamicRanksTest(T.DdprunTestCase):
+class HostsTestCase(T.DdprunTestCase):
+    """Hosts on loopback running one c10d command; the first one started with serve=True
+    is handed the endpoint's socket."""
+
     def setUp(self):
         super().setUp()
         self.held = T.HeldPort()
@@ -198,6 +201,8 @@ class DynamicRanksTest(T.DdprunTestCase):
             self.fail("ddprun did not finish:\n" + err[-3000:])
         return p.returncode, out, err
 
+
+class DynamicRanksTest(HostsTestCase):
     def test_same_command_distinct_ranks(self):
         # The serving host starts last: the others wait for it, then get ranks as they joined.
         script = ["bash", "-c", 'echo "group $GROUP_RANK rank $RANK of $WORLD_SIZE"']
@@ -245,6 +250,42 @@ class DynamicRanksTest(T.DdprunTestCase):
             self.assertIn("[rank %d]: ddp ok rank %d of 4" % (r, r), out)
 
 
+class ElasticTest(HostsTestCase):
+    """--nnodes MIN:MAX: the job goes on without a lost host."""
+
+    def test_lost_host_restarts_the_rest(self):
+        marks = os.path.join(self.tmp, "marks")
+        os.mkdir(marks)
+        # Attempt 0 runs until stopped; attempt 1 reports and ends.
+        cmd = ["bash", "-c", 'touch "$MARKS/a$TORCHELASTIC_RESTART_COUNT.r$RANK"; '
+               '[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exec sleep 1000; '
+               'echo "rank $RANK of $WORLD_SIZE group $GROUP_RANK of $GROUP_WORLD_SIZE '
+               'restart $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"']
+        extra = ["--nnodes=2:3", "--max-restarts=3", "--rdzv-id=el1", "--rdzv-conf=last_call_timeout=30"]
+        hosts = [self.host(cmd, extra=extra, serve=(h == 0), MARKS=marks) for h in range(3)]
+        # All three joined before the last call ended: six workers of attempt 0.
+        self.assertTrue(T.wait_for(lambda: len(os.listdir(marks)) >= 6, 60), os.listdir(marks))
+        self.assertEqual(sorted(os.listdir(marks)), sorted("a0.r%d" % r for r in range(6)))
+        hosts[2].kill()  # SIGKILL: its workers die with it
+        self.finish(hosts[2])
+        out = ""
+        for p in hosts[:2]:
+            rc, o, err = self.finish(p)
+            self.assertEqual(rc, 0, err)
+            out += o
+            self.assertIn("restarting all workers (restart 1 of 3)", err)
+        lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
+        self.assertEqual(lines, ["rank %d of 4 group %d of 2 restart 1 of 3" % (r, r // 2) for r in range(4)])
+
+    def test_starts_with_min_after_last_call(self):
+        cmd = ["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE"']
+        extra = ["--nnodes=1:3", "--rdzv-conf=last_call_timeout=0.5"]
+        rc, out, err = self.finish(self.host(cmd, nproc=1, extra=extra, serve=True))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, "[rank 0]: rank 0 of 1\n")
+        self.assertIn("starting in 0.5 s (last_call_timeout)", err)
+
+
 class PythonProgramsTest(T.DdprunTestCase):
     def test_python_ddp_standalone(self):
         # Debian's python3-torch: the interpreter for a .py program is DDPRUN_PYTHON here.
@@ -290,7 +331,8 @@ UNSUPPORTED = [
     (["--rdzv-backend=c10d", "--nnodes=2"], "needs --rdzv-endpoint HOST[:PORT]"),
     (["--rdzv-backend=c10d", "--rdzv-conf=timeout=9", "--rdzv-endpoint=h"], "--rdzv-conf: unknown key 'timeout'"),
     (["--rdzv-endpoint=h:1"], "--rdzv-endpoint goes with --rdzv-backend c10d"),
-    (["--nnodes=1:4"], "does not take an elastic range"),
+    (["--nnodes=1:4"], "a range of hosts (MIN:MAX) needs --rdzv-backend c10d"),
+    (["--nnodes=3:2", "--rdzv-backend=c10d"], "MIN is above MAX"),
     (["--nproc-per-node=xpu"], "does not count Intel XPUs"),
     (["--no-python", "-m"], "--no-python cannot go with -m/--module"),
     (["--start-method=thread"], "--start-method expects spawn, fork or forkserver"),

@@ -212,8 +212,9 @@ class Node0Coordinator : public DecidingCoordinator {
 namespace {
 
 std::unique_ptr<Coordinator> node0_on(const Options& o, const std::string& run_id, int fd) {
-  std::cerr << "ddprun: node 0 waiting for " << o.nnodes - 1 << " more node(s) at " << o.master_addr
-            << ":" << o.rdzv_port << "\n";
+  std::cerr << "ddprun: node 0 waiting for " << o.nnodes - 1 << " more node(s)"
+            << (o.min_nodes < o.nnodes ? " (at least " + std::to_string(o.min_nodes - 1) + ")" : "")
+            << " at " << o.master_addr << ":" << o.rdzv_port << "\n";
   auto coordinator = std::make_unique<Node0Coordinator>(o, run_id, fd);
   coordinator->handle(Event::joined(0));  // the job starts once the others have joined too
   return coordinator;

@@ -277,6 +277,30 @@ class ElasticTest(HostsTestCase):
         lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
         self.assertEqual(lines, ["rank %d of 4 group %d of 2 restart 1 of 3" % (r, r // 2) for r in range(4)])
 
+    def test_late_host_joins_at_the_next_restart(self):
+        marks, go = os.path.join(self.tmp, "marks"), os.path.join(self.tmp, "go")
+        os.mkdir(marks)
+        # Attempt 0 waits for the test's go, then rank 0 fails; attempt 1 reports and ends.
+        cmd = ["bash", "-c", 'touch "$MARKS/a$TORCHELASTIC_RESTART_COUNT.r$RANK"; '
+               'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then while [ ! -e "$GO" ]; do sleep 0.05; done; '
+               '[ "$RANK" = 0 ] && exit 3; exec sleep 1000; fi; '
+               'echo "rank $RANK of $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT"']
+        extra = ["--nnodes=2:3", "--max-restarts=1", "--rdzv-conf=last_call_timeout=0.5"]
+        hosts = [self.host(cmd, extra=extra, serve=(h == 0), MARKS=marks, GO=go) for h in range(2)]
+        self.assertTrue(T.wait_for(lambda: len(os.listdir(marks)) >= 4, 60), os.listdir(marks))
+        late = self.host(cmd, extra=extra, MARKS=marks, GO=go)
+        said = T.read_until(late, "this host is node 2 of 3", 30)
+        self.assertIn("this host is node 2 of 3", said)
+        self.assertEqual(len(os.listdir(marks)), 4)  # it waits for the next start
+        open(go, "w").close()
+        out = ""
+        for p in hosts + [late]:
+            rc, o, err = self.finish(p)
+            self.assertEqual(rc, 0, err)
+            out += o
+        lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
+        self.assertEqual(lines, sorted("rank %d of 6 restart 1" % r for r in range(6)))
+
     def test_starts_with_min_after_last_call(self):
         cmd = ["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE"']
         extra = ["--nnodes=1:3", "--rdzv-conf=last_call_timeout=0.5"]

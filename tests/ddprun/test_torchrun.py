@@ -65,7 +65,7 @@ def flag_value(argv, names):
     return value
 
 
-def translate(line, port):
+def translate(line, port, script="train_env.py"):
     """argv for ddprun from a torchrun line: placeholders filled, ddprun for torchrun, our
     script or module for the user's, and the endpoint of a multi-host line on loopback."""
     for name, value in VALUES.items():
@@ -76,9 +76,9 @@ def translate(line, port):
     out = []
     for i, word in enumerate(argv[1:], 1):
         if word.endswith(".py") and not word.startswith("-"):
-            word = T.worker("train_env.py")
+            word = T.worker(script)
         elif i > 1 and argv[i - 1] in ("-m", "--module"):
-            word = "train_env"
+            word = script[:-3]
         elif nnodes > 1 and word.startswith(ENDPOINT_FLAGS):
             word = word.split("=", 1)[0] + "=127.0.0.1:%d" % port
         out.append(word)
@@ -134,6 +134,34 @@ class TorchrunLinesTest(T.DdprunTestCase):
                 for rc, out, err in results:
                     self.assertEqual(rc, 0, err)
                 self.check_job(argv, nnodes, self.load(out_dir), results)
+
+    def test_documented_lines_with_pytorch_ddp(self):
+        # Debian's python3-torch runs the script (a DDP step over gloo); lines of up to 4
+        # workers, as each is a full PyTorch process.
+        for source, line in LINES:
+            held = T.HeldPort()
+            try:
+                argv, nnodes = translate(line, held.port, "ddp_gloo.py")
+                nproc = flag_value(argv, ("--nproc-per-node", "--nproc_per_node"))
+                if nproc == "gpu":
+                    continue
+                world = nnodes * int(nproc)
+                if world > 4:
+                    continue
+                with self.subTest(source=source, line=line):
+                    env = dict(DDPRUN_PYTHON="/usr/bin/python3", GLOO_SOCKET_IFNAME="lo")
+                    if nnodes > 1:  # see ddp_gloo.py
+                        env["DDP_TEST_INIT_FILE"] = os.path.join(self.tmp, "store%d" % held.port)
+                    results = self.finish_all(self.start_hosts(argv, nnodes, held, **env), timeout=180)
+                    shown = flag_value(argv, ("--local-ranks-filter",))
+                    out = "".join(r[1] for r in results)
+                    for rc, _, err in results:
+                        self.assertEqual(rc, 0, err)
+                    for rank in range(world):
+                        if shown is None or str(rank % int(nproc)) in shown.split(","):
+                            self.assertIn("[rank %d]: ddp ok rank %d of %d" % (rank, rank, world), out)
+            finally:
+                held.close()
 
     def check_job(self, argv, nnodes, infos, results):
         nproc_text = flag_value(argv, ("--nproc-per-node", "--nproc_per_node"))

@@ -158,8 +158,10 @@ std::unique_ptr<Coordinator> make_agent_coordinator(Options& o, int& exit_code) 
     if (now_seconds() >= deadline) {
       std::cerr << "ddprun: error: could not reach node 0's ddprun at " << where << " within "
                 << "--rdzv-timeout " << o.rdzv_timeout << " s (last error: " << error << "). "
-                << "Check that ddprun runs on node 0 with --master-addr " << o.master_addr
-                << " and the same --master-port/--rdzv-port, that this host can reach "
+                << "Check that ddprun runs on node 0 with "
+                << (o.dynamic_rank() ? "the same --rdzv-endpoint" : "--master-addr " + o.master_addr +
+                                                                        " and the same --master-port/--rdzv-port")
+                << ", that this host can reach "
                 << o.master_addr << ", and that no firewall blocks port " << o.rdzv_port << ".\n";
       exit_code = kExitLinkLost;
       return nullptr;

@@ -307,7 +307,9 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
       "[rank N]:, and stops every worker when one fails.\n"
       "Several hosts: run ddprun on each with the same --nnodes, --master-addr and "
       "--master-port and a different --node-rank; node 0 also listens on --rdzv-port so that "
-      "the hosts stop (or restart) together.",
+      "the hosts stop (or restart) together. Or, as torchrun, the same command on every host: "
+      "--rdzv-backend c10d --rdzv-endpoint HOST:PORT (node ranks handed out as hosts join; "
+      "--nnodes MIN:MAX lets hosts come and go).",
       "ddprun"};
   app.footer(
       "Worker program: ddprun [OPTIONS] [--] PROGRAM [ARGS...]; everything after -- (or from the\n"

@@ -150,8 +150,10 @@ class TorchrunLinesTest(T.DdprunTestCase):
                     continue
                 with self.subTest(source=source, line=line):
                     env = dict(DDPRUN_PYTHON="/usr/bin/python3", GLOO_SOCKET_IFNAME="lo")
-                    if nnodes > 1:  # see ddp_gloo.py
-                        env["DDP_TEST_INIT_FILE"] = os.path.join(self.tmp, "store%d" % held.port)
+                    # A file names the store (see ddp_gloo.py): ddprun's MASTER_PORT is one it
+                    # found free on one host and 29500 on several, which concurrent tests could
+                    # take; test_python_ddp_standalone covers env://.
+                    env["DDP_TEST_INIT_FILE"] = os.path.join(self.tmp, "store%d" % held.port)
                     results = self.finish_all(self.start_hosts(argv, nnodes, held, **env), timeout=180)
                     shown = flag_value(argv, ("--local-ranks-filter",))
                     out = "".join(r[1] for r in results)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One DistributedDataParallel step with PyTorch's gloo backend, as a torchrun user's
-script does it: init_process_group from the launcher's environment (env://). Several
-hosts on one machine all see MASTER_PORT 29500 (ddprun's default), which other jobs may
-hold, so there the test names a shared file instead (DDP_TEST_INIT_FILE)."""
+script does it: init_process_group from the launcher's environment (env://). Where
+the port could be taken by concurrent tests, the test names a shared file instead
+(DDP_TEST_INIT_FILE)."""
 import os
 
 import torch

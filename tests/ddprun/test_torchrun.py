@@ -331,6 +331,14 @@ class ElasticTest(HostsTestCase):
         lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
         self.assertEqual(lines, sorted("rank %d of 6 restart 1" % r for r in range(6)))
 
+    def test_other_range_refused(self):
+        n0 = self.host(["true"], extra=["--nnodes=2:3", "--rdzv-conf=join_timeout=5"], serve=True)
+        other = self.host(["true"], extra=["--nnodes=1:3"])
+        rc, _, err = self.finish(other)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("refused this host: node 0 has --nnodes 2:3 but this host has 1:3", err)
+        self.finish(n0)
+
     def test_starts_with_min_after_last_call(self):
         cmd = ["bash", "-c", 'echo "rank $RANK of $WORLD_SIZE"']
         extra = ["--nnodes=1:3", "--rdzv-conf=last_call_timeout=0.5"]

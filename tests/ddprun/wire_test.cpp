@@ -40,8 +40,10 @@ Decision decision(Decision::Kind kind, int attempt, int code, int node, const st
 }
 
 TEST(Wire, AgentLines) {
-  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4, ""})), "hello 1 2 4");
-  EXPECT_EQ(encode(AgentMessage::introduce({-1, 2, 4, "100"})), "hello -1 2 4 100");
+  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4, "", 0})), "hello 1 2 4");
+  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4, "", 2})), "hello 1 2 4");
+  EXPECT_EQ(encode(AgentMessage::introduce({-1, 2, 4, "100", 0})), "hello -1 2 4 100");
+  EXPECT_EQ(encode(AgentMessage::introduce({-1, 3, 4, "100", 2})), "hello -1 2:3 4 100");
   EXPECT_EQ(encode(AgentMessage::report(Event::worker_failed(1, 0, 5, "rank 3 failed"))),
             "fail 0 5 rank 3 failed");
   EXPECT_EQ(encode(AgentMessage::report(Event::workers_finished(1, 2))), "finished 2");
@@ -87,16 +89,18 @@ TEST(Wire, AgentMessagesRoundTrip) {
     ASSERT_EQ(m.kind, AgentMessage::Report);
     expect_same(m.event, e);
   }
-  const AgentMessage hello = decode_agent_message(encode(AgentMessage::introduce({3, 4, 8, ""})));
+  const AgentMessage hello = decode_agent_message(encode(AgentMessage::introduce({3, 4, 8, "", 0})));
   ASSERT_EQ(hello.kind, AgentMessage::Hello);
   EXPECT_EQ(hello.hello.node, 3);
   EXPECT_EQ(hello.hello.nnodes, 4);
   EXPECT_EQ(hello.hello.nproc, 8);
   EXPECT_EQ(hello.hello.run_id, "");
-  const AgentMessage asks = decode_agent_message(encode(AgentMessage::introduce({-1, 3, 2, "job42"})));
+  const AgentMessage asks = decode_agent_message(encode(AgentMessage::introduce({-1, 3, 2, "job42", 1})));
   ASSERT_EQ(asks.kind, AgentMessage::Hello);
   EXPECT_EQ(asks.hello.node, -1);
   EXPECT_EQ(asks.hello.run_id, "job42");
+  EXPECT_EQ(asks.hello.min_nodes, 1);
+  EXPECT_EQ(asks.hello.nnodes, 3);
   EXPECT_EQ(decode_agent_message(encode(AgentMessage::ping())).kind, AgentMessage::Ping);
 }
 
@@ -154,7 +158,7 @@ TEST_P(MalformedAgentLine, IsInvalid) {
 
 INSTANTIATE_TEST_SUITE_P(
     Lines, MalformedAgentLine,
-    testing::Values("hello", "hello 1 2", "hello 1 2 3 4 5", "hello a 2 3", "hello 1 2 3x",
+    testing::Values("hello", "hello 1 2", "hello 1 2 3 4 5", "hello -1 2: 3", "hello -1 :2 3", "hello a 2 3", "hello 1 2 3x",
                     "hello 99999999999 2 3", "hello +1 2 3", "fail", "fail 0", "fail x 3 why",
                     "fail 0 3.5 why", "finished", "finished 1 2", "finished 1x", "stopped",
                     "stopped -", "stopped --1", "abort", "abort x why", "ping now", "PING", "go 0 abc",

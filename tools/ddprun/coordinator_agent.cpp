@@ -19,7 +19,7 @@ class AgentCoordinator : public Coordinator {
       : o_(o), conn_(fd), join_deadline_(join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
     conn_.send_line(encode(AgentMessage::introduce(
-        {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : ""})));
+        {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : "", o.min_nodes})));
   }
 
   // Node 0 decides on these; the node of each event is the connection's.

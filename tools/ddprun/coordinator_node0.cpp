@@ -121,9 +121,12 @@ class Node0Coordinator : public DecidingCoordinator {
     const Introduction& h = m.hello;
     if (m.kind != AgentMessage::Hello) {
       problem = "expected 'hello <node> <nnodes> <nproc>'";
-    } else if (h.nnodes != o_.nnodes) {
-      problem = "node 0 has --nnodes " + std::to_string(o_.nnodes) + " but this host has " +
-                std::to_string(h.nnodes);
+    } else if (h.nnodes != o_.nnodes || (h.min_nodes > 0 ? h.min_nodes : h.nnodes) != o_.min_nodes) {
+      const auto range = [](int lo, int hi) {
+        return lo > 0 && lo < hi ? std::to_string(lo) + ":" + std::to_string(hi) : std::to_string(hi);
+      };
+      problem = "node 0 has --nnodes " + range(o_.min_nodes, o_.nnodes) + " but this host has " +
+                range(h.min_nodes, h.nnodes);
     } else if (h.nproc != o_.nproc_per_node) {
       problem = "node 0 runs --nproc-per-node " + std::to_string(o_.nproc_per_node) +
                 " workers but this host wants " + std::to_string(h.nproc) +

@@ -75,7 +75,10 @@ std::string encode(const AgentMessage& m) {
     case AgentMessage::Ping:
       return "ping";
     case AgentMessage::Hello:
-      return "hello " + to_string(m.hello.node) + " " + to_string(m.hello.nnodes) + " " +
+      return "hello " + to_string(m.hello.node) + " " +
+             (m.hello.min_nodes > 0 && m.hello.min_nodes < m.hello.nnodes
+                  ? to_string(m.hello.min_nodes) + ":" + to_string(m.hello.nnodes)
+                  : to_string(m.hello.nnodes)) + " " +
              to_string(m.hello.nproc) + (m.hello.run_id.empty() ? "" : " " + m.hello.run_id);
     case AgentMessage::Report:
       switch (e.kind) {
@@ -106,7 +109,12 @@ AgentMessage decode_agent_message(const std::string& line) {
   if (w[0] == "hello" && w.size() == 4) {
     const auto hw = split_words(line, 6);  // the run id is one word; more is not a hello
     if (hw.size() == 5) h.run_id = hw[4];
-    if (hw.size() <= 5 && read_int(hw[1], h.node) && read_int(hw[2], h.nnodes) && read_int(hw[3], h.nproc))
+    const size_t colon = hw[2].find(':');
+    const bool nnodes_ok = colon == std::string::npos
+                               ? read_int(hw[2], h.nnodes)
+                               : read_int(hw[2].substr(0, colon), h.min_nodes) &&
+                                     read_int(hw[2].substr(colon + 1), h.nnodes);
+    if (hw.size() <= 5 && read_int(hw[1], h.node) && nnodes_ok && read_int(hw[3], h.nproc))
       m = AgentMessage::introduce(h);
   } else if (w[0] == "fail" && w.size() >= 3) {
     if (read_int(w[1], attempt) && read_int(w[2], code))

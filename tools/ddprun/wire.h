@@ -2,7 +2,8 @@
 // ddprun (the agents; see control_channel.h), and the only code that writes or
 // reads them. One text line per message:
 //
-//   agent -> node 0: hello <node> <nnodes> <nproc> [<rdzv-id>]  (<node> -1: hand me one)
+//   agent -> node 0: hello <node> <nnodes> <nproc> [<rdzv-id>]  (<node> -1: hand me one;
+//                                                    <nnodes> MIN:MAX for a range)
 //                    fail <attempt> <code> <what>     (its workers failed)
 //                    finished <attempt>               (its workers all exited 0)
 //                    stopped <attempt>                (its workers are gone, ready to restart)
@@ -35,6 +36,7 @@ struct Introduction {
   int nnodes = 0;
   int nproc = 0;  // --nproc-per-node
   std::string run_id;  // --rdzv-id/--run-id when given, else empty
+  int min_nodes = 0;   // --nnodes MIN:MAX; 0 (or nnodes): a fixed number
 };
 
 // A message from an agent to node 0.

@@ -17,9 +17,10 @@ namespace {
 // What a decision must be; only the fields that its kind uses are compared.
 struct Expected {
   Decision::Kind kind = Decision::Wait;
-  int attempt = 0;  // Start, Restart
-  int code = 0;     // Exit
-  int node = -1;    // Restart, Exit
+  int attempt = 0;           // Start, Restart
+  int code = 0;              // Exit
+  int node = -1;             // Restart, Exit
+  std::vector<int> members;  // Start with MIN:MAX hosts
 };
 
 struct Step {
@@ -51,9 +52,13 @@ Event join_timeout() { return Event::join_timed_out("nodes 1 did not join"); }
 
 // Decisions.
 Expected wait() { return {}; }
-Expected start(int attempt) { return {Decision::Start, attempt, 0, -1}; }
-Expected restart(int attempt, int node) { return {Decision::Restart, attempt, 0, node}; }
-Expected exit_with(int code, int node) { return {Decision::Exit, 0, code, node}; }
+Expected start(int attempt) { return {Decision::Start, attempt, 0, -1, {}}; }
+Expected start_with(int attempt, std::vector<int> members) {
+  return {Decision::Start, attempt, 0, -1, std::move(members)};
+}
+Expected last_call() { return {Decision::LastCall, 0, 0, -1, {}}; }
+Expected restart(int attempt, int node) { return {Decision::Restart, attempt, 0, node, {}}; }
+Expected exit_with(int code, int node) { return {Decision::Exit, 0, code, node, {}}; }
 Expected success() { return exit_with(0, -1); }
 
 std::string describe(Decision::Kind kind, int attempt, int code, int node) {
@@ -66,6 +71,8 @@ std::string describe(Decision::Kind kind, int attempt, int code, int node) {
       return "Restart to attempt " + std::to_string(attempt) + " for node " + std::to_string(node);
     case Decision::Exit:
       return "Exit code " + std::to_string(code) + " for node " + std::to_string(node);
+    case Decision::LastCall:
+      return "LastCall";
   }
   return "?";
 }
@@ -247,28 +254,166 @@ const std::vector<Row> kRows = {
 };
 // clang-format on
 
-class JobPolicyTable : public testing::TestWithParam<Row> {};
+std::string members_text(const std::vector<int>& members) {
+  std::string text;
+  for (int n : members) text += " " + std::to_string(n);
+  return "[" + text + " ]";
+}
 
-TEST_P(JobPolicyTable, DecidesEachStep) {
-  const Row& row = GetParam();
-  JobPolicy policy(row.nnodes, row.max_restarts, "run42");
-  for (size_t i = 0; i < row.steps.size(); ++i) {
-    const Expected& want = row.steps[i].expected;
-    const Decision got = policy.on(row.steps[i].event);
+void expect_steps(JobPolicy& policy, const std::vector<Step>& steps) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Expected& want = steps[i].expected;
+    const Decision got = policy.on(steps[i].event);
     const bool uses_attempt = want.kind == Decision::Start || want.kind == Decision::Restart;
     const bool uses_code = want.kind == Decision::Exit;
     const bool uses_node = want.kind == Decision::Restart || want.kind == Decision::Exit;
     const bool same = got.kind == want.kind && (!uses_attempt || got.attempt == want.attempt) &&
                       (!uses_code || got.code == want.code) &&
-                      (!uses_node || got.node == want.node);
+                      (!uses_node || got.node == want.node) &&
+                      (want.kind != Decision::Start || got.members == want.members);
     EXPECT_TRUE(same) << "step " << i << ": expected "
-                      << describe(want.kind, want.attempt, want.code, want.node) << ", got "
-                      << describe(got.kind, got.attempt, got.code, got.node);
+                      << describe(want.kind, want.attempt, want.code, want.node)
+                      << members_text(want.members) << ", got "
+                      << describe(got.kind, got.attempt, got.code, got.node)
+                      << members_text(got.members);
   }
+}
+
+class JobPolicyTable : public testing::TestWithParam<Row> {};
+
+TEST_P(JobPolicyTable, DecidesEachStep) {
+  const Row& row = GetParam();
+  JobPolicy policy(row.nnodes, row.max_restarts, "run42");
+  expect_steps(policy, row.steps);
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, JobPolicyTable, testing::ValuesIn(kRows),
                          [](const testing::TestParamInfo<Row>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// torchrun's --nnodes MIN:MAX: hosts come and go between attempts.
+struct ElasticRow {
+  const char* name;
+  int min_nodes;
+  int max_nodes;
+  int max_restarts;
+  std::vector<Step> steps;
+};
+
+void PrintTo(const ElasticRow& row, std::ostream* os) { *os << row.name; }
+Event last_call_over() { return Event::last_call_over(); }
+
+// clang-format off: one row per line, as a table
+const std::vector<ElasticRow> kElasticRows = {
+    {"StartsAfterLastCallWithMinNodes",
+     2,
+     3,
+     0,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {last_call_over(), start_with(0, {0, 1})},
+      {finished(0, 0), wait()},
+      {finished(1, 0), success()}}},
+    {"StartsAtOnceWithMaxNodes",
+     2,
+     3,
+     0,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {last_call_over(), wait()}}},
+    {"LastCallBeforeMinChangesNothing",
+     2,
+     3,
+     0,
+     {{joined(0), wait()},
+      {last_call_over(), wait()},
+      {joined(1), last_call()},
+      {last_call_over(), start_with(0, {0, 1})}}},
+    {"LostMemberRestartsTheOthers",
+     2,
+     3,
+     3,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {lost(2), restart(1, 2)},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), start_with(1, {0, 1})},
+      {finished(1, 1), wait()},
+      {finished(0, 1), success()}}},
+    {"LostMemberBelowMinExits",
+     2,
+     3,
+     3,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {last_call_over(), start_with(0, {0, 1})},
+      {lost(1), exit_with(kExitLinkLost, 1)}}},
+    {"LostMemberWithoutRestartsLeftExits",
+     2,
+     3,
+     0,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {lost(1), exit_with(kExitLinkLost, 1)}}},
+    {"LateHostJoinsAtTheNextRestart",
+     1,
+     3,
+     2,
+     {{joined(0), last_call()},
+      {last_call_over(), start_with(0, {0})},
+      {joined(1), wait()},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(0, 1), start_with(1, {0, 1})},
+      {finished(0, 1), wait()},
+      {finished(1, 1), success()}}},
+    {"LostWhileRestartingMayBeTheLastAwaited",
+     2,
+     3,
+     3,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), wait()},
+      {lost(2), start_with(1, {0, 1})}}},
+    {"LostWaitingHostChangesNothing",
+     1,
+     3,
+     1,
+     {{joined(0), last_call()},
+      {last_call_over(), start_with(0, {0})},
+      {joined(1), wait()},
+      {lost(1), wait()},
+      {failed(0, 0, 4), restart(1, 0)},
+      {stopped(0, 1), start_with(1, {0})}}},
+    {"LostBeforeTheStartIsForgotten",
+     2,
+     3,
+     0,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {lost(1), wait()},
+      {last_call_over(), wait()},
+      {joined(2), last_call()},
+      {last_call_over(), start_with(0, {0, 2})}}},
+};
+// clang-format on
+
+class ElasticPolicyTable : public testing::TestWithParam<ElasticRow> {};
+
+TEST_P(ElasticPolicyTable, DecidesEachStep) {
+  const ElasticRow& row = GetParam();
+  JobPolicy policy(row.max_nodes, row.max_restarts, "run42", row.min_nodes);
+  expect_steps(policy, row.steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, ElasticPolicyTable, testing::ValuesIn(kElasticRows),
+                         [](const testing::TestParamInfo<ElasticRow>& info) {
                            return std::string(info.param.name);
                          });
 

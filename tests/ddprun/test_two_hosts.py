@@ -128,6 +128,38 @@ class TwoHostTest(T.DdprunTestCase):
         self.assertIn("[rank 3]: rank 3 wrote", results[1][1])
         self.assertIn("[rank 0]: rank 0 wrote", results[0][1])
 
+    def test_same_c10d_command_on_both(self):
+        # torchrun's multi-host line: no --node-rank. A serves the endpoint (its own
+        # address); in B that address is not local, so B joins and is given node 1.
+        out_dir = os.path.join(self.tmp, "c10d")
+        os.mkdir(out_dir)
+        cmd = [T.DDPRUN, "--nnodes=2", "--nproc-per-node=2", "--rdzv-id=100", "--rdzv-backend=c10d",
+               "--rdzv-endpoint=%s:29400" % ADDR[0], "--rdzv-conf=join_timeout=60", "--",
+               sys.executable, T.worker("dump_env.py"), out_dir]
+        procs = [subprocess.Popen(["ip", "netns", "exec", NS[node]] + cmd, env=self.env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for node in (1, 0)]
+        try:
+            results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        for out, err, rc in results:
+            self.assertEqual(rc, 0, err)
+        self.assertIn("this host is node 1 of 2", results[0][1])
+        infos = {}
+        for path in glob.glob(os.path.join(out_dir, "rank*.json")):
+            with open(path) as f:
+                e = json.load(f)
+            infos[int(e["RANK"])] = e
+        self.assertEqual(sorted(infos), [0, 1, 2, 3])
+        for rank, e in infos.items():
+            self.assertEqual((e["WORLD_SIZE"], e["GROUP_RANK"]), ("4", str(rank // 2)))
+            self.assertEqual((e["MASTER_ADDR"], e["TORCHELASTIC_RUN_ID"]), (ADDR[0], "100"))
+        self.assertIn("[rank 0]: rank 0 wrote", results[1][0])  # A is node 0
+
     def test_failure_in_b_stops_a(self):
         def worker(node):
             if node == 1:

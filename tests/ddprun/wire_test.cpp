@@ -40,7 +40,10 @@ Decision decision(Decision::Kind kind, int attempt, int code, int node, const st
 }
 
 TEST(Wire, AgentLines) {
-  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4})), "hello 1 2 4");
+  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4, "", 0})), "hello 1 2 4");
+  EXPECT_EQ(encode(AgentMessage::introduce({1, 2, 4, "", 2})), "hello 1 2 4");
+  EXPECT_EQ(encode(AgentMessage::introduce({-1, 2, 4, "100", 0})), "hello -1 2 4 100");
+  EXPECT_EQ(encode(AgentMessage::introduce({-1, 3, 4, "100", 2})), "hello -1 2:3 4 100");
   EXPECT_EQ(encode(AgentMessage::report(Event::worker_failed(1, 0, 5, "rank 3 failed"))),
             "fail 0 5 rank 3 failed");
   EXPECT_EQ(encode(AgentMessage::report(Event::workers_finished(1, 2))), "finished 2");
@@ -87,11 +90,20 @@ TEST(Wire, AgentMessagesRoundTrip) {
     ASSERT_EQ(m.kind, AgentMessage::Report);
     expect_same(m.event, e);
   }
-  const AgentMessage hello = decode_agent_message(encode(AgentMessage::introduce({3, 4, 8})));
+  const AgentMessage hello =
+      decode_agent_message(encode(AgentMessage::introduce({3, 4, 8, "", 0})));
   ASSERT_EQ(hello.kind, AgentMessage::Hello);
   EXPECT_EQ(hello.hello.node, 3);
   EXPECT_EQ(hello.hello.nnodes, 4);
   EXPECT_EQ(hello.hello.nproc, 8);
+  EXPECT_EQ(hello.hello.run_id, "");
+  const AgentMessage asks =
+      decode_agent_message(encode(AgentMessage::introduce({-1, 3, 2, "job42", 1})));
+  ASSERT_EQ(asks.kind, AgentMessage::Hello);
+  EXPECT_EQ(asks.hello.node, -1);
+  EXPECT_EQ(asks.hello.run_id, "job42");
+  EXPECT_EQ(asks.hello.min_nodes, 1);
+  EXPECT_EQ(asks.hello.nnodes, 3);
   EXPECT_EQ(decode_agent_message(encode(AgentMessage::ping())).kind, AgentMessage::Ping);
 }
 
@@ -118,6 +130,9 @@ TEST(Wire, Node0MessagesRoundTrip) {
   ASSERT_EQ(refusal.kind, Node0Message::Refusal);
   EXPECT_EQ(refusal.refusal, "node 0 has --nnodes 2 but this host has 3");
   EXPECT_EQ(decode_node0_message(encode(Node0Message::ping())).kind, Node0Message::Ping);
+  const Node0Message welcome = decode_node0_message(encode(Node0Message::welcome(3)));
+  ASSERT_EQ(welcome.kind, Node0Message::Welcome);
+  EXPECT_EQ(welcome.node, 3);
 }
 
 TEST(Wire, MissingTextReadsAsBefore) {
@@ -147,13 +162,13 @@ TEST_P(MalformedAgentLine, IsInvalid) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Lines, MalformedAgentLine,
-                         testing::Values("hello", "hello 1 2", "hello 1 2 3 4", "hello a 2 3",
-                                         "hello 1 2 3x", "hello 99999999999 2 3", "hello +1 2 3",
-                                         "fail", "fail 0", "fail x 3 why", "fail 0 3.5 why",
-                                         "finished", "finished 1 2", "finished 1x", "stopped",
-                                         "stopped -", "stopped --1", "abort", "abort x why",
-                                         "ping now", "PING", "go 0 abc", "done", "restart 1 0 why",
-                                         "bogus words"));
+                         testing::Values("hello", "hello 1 2", "hello 1 2 3 4 5", "hello -1 2: 3",
+                                         "hello -1 :2 3", "hello a 2 3", "hello 1 2 3x",
+                                         "hello 99999999999 2 3", "hello +1 2 3", "fail", "fail 0",
+                                         "fail x 3 why", "fail 0 3.5 why", "finished",
+                                         "finished 1 2", "finished 1x", "stopped", "stopped -",
+                                         "stopped --1", "abort", "abort x why", "ping now", "PING",
+                                         "go 0 abc", "done", "restart 1 0 why", "bogus words"));
 
 class MalformedNode0Line : public testing::TestWithParam<const char*> {};
 
@@ -167,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Lines, MalformedNode0Line,
                                          "restart 1", "restart x 0 why", "restart 1 y why", "abort",
                                          "abort 1", "abort x 0 why", "abort 1 0x why", "done now",
                                          "fail 0 3 why", "hello 1 2 3", "stopped 1", "ping now",
-                                         "2"));
+                                         "2", "welcome", "welcome x", "welcome 1 2"));
 
 TEST(Wire, SplitWords) {
   using V = std::vector<std::string>;

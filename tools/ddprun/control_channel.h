@@ -59,6 +59,11 @@ int connect_tcp(const std::string& addr, int port, double timeout_s, std::string
 std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std::string& run_id,
                                                     int& exit_code);
 // Other nodes: connects to node 0 (retrying until --rdzv-timeout) and joins.
-std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_code);
+// (With c10d, o.node_rank is -1 here and set when node 0 hands it out.)
+std::unique_ptr<Coordinator> make_agent_coordinator(Options& o, int& exit_code);
+// --rdzv-backend c10d: node 0 if this host can serve --rdzv-endpoint, else an agent
+// that node 0 gives the next node rank; sets o.node_rank accordingly.
+std::unique_ptr<Coordinator> make_c10d_coordinator(Options& o, const std::string& run_id,
+                                                   int& exit_code);
 
 }  // namespace ddprun

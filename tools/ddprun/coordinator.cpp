@@ -3,8 +3,9 @@
 namespace ddprun {
 
 // The deciding host is node 0 (the only node on a single host).
-DecidingCoordinator::DecidingCoordinator(int nnodes, int max_restarts, std::string run_id)
-    : policy_(nnodes, max_restarts, std::move(run_id)) {}
+DecidingCoordinator::DecidingCoordinator(int nnodes, int max_restarts, std::string run_id,
+                                         int min_nodes)
+    : policy_(nnodes, max_restarts, std::move(run_id), min_nodes) {}
 
 void DecidingCoordinator::local_failed(int attempt, int code, const std::string& what) {
   handle(Event::worker_failed(0, attempt, code, what));

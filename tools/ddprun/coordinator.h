@@ -53,7 +53,8 @@ class Coordinator {
 // JobPolicy, and passes each decision on (announce() first, to other hosts).
 class DecidingCoordinator : public Coordinator {
  public:
-  DecidingCoordinator(int nnodes, int max_restarts, std::string run_id);
+  // `min_nodes` < `nnodes`: torchrun's --nnodes MIN:MAX (see JobPolicy).
+  DecidingCoordinator(int nnodes, int max_restarts, std::string run_id, int min_nodes = 0);
 
   void local_failed(int attempt, int code, const std::string& what) override;
   void local_finished(int attempt) override;

@@ -15,12 +15,13 @@ namespace {
 
 class AgentCoordinator : public Coordinator {
  public:
-  AgentCoordinator(const Options& o, int fd, double join_deadline)
+  AgentCoordinator(Options& o, int fd, double join_deadline)
       : o_(o),
         conn_(fd),
         join_deadline_(join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
-    conn_.send_line(encode(AgentMessage::introduce({o.node_rank, o.nnodes, o.nproc_per_node})));
+    conn_.send_line(encode(AgentMessage::introduce(
+        {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : "", o.min_nodes})));
   }
 
   // Node 0 decides on these; the node of each event is the connection's.
@@ -87,8 +88,19 @@ class AgentCoordinator : public Coordinator {
         exit_with(d);
         return;
       }
+      if (d.kind == Decision::Start && o_.node_rank < 0) {
+        exit_error(kExitError,
+                   "node 0 at " + where_ + " started the job without giving this host a node rank");
+        return;
+      }
       started_ = started_ || d.kind == Decision::Start;
       decide(d);
+    } else if (m.kind == Node0Message::Welcome) {
+      // c10d: this host's node rank, which its workers' ranks derive from.
+      if (o_.node_rank < 0 && m.node > 0) {
+        o_.node_rank = m.node;
+        std::cerr << "ddprun: this host is node " << m.node << " of " << o_.nnodes << "\n";
+      }
     } else if (m.kind == Node0Message::Refusal) {
       exit_error(kExitUsage, "node 0 at " + where_ + " refused this host: " + m.refusal);
     }
@@ -116,7 +128,7 @@ class AgentCoordinator : public Coordinator {
     decide(d);
   }
 
-  const Options& o_;
+  Options& o_;  // node_rank is set when node 0 hands it out (c10d)
   Connection conn_;
   double join_deadline_;
   std::string where_;
@@ -136,7 +148,7 @@ int nap(double seconds) {
 
 }  // namespace
 
-std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_code) {
+std::unique_ptr<Coordinator> make_agent_coordinator(Options& o, int& exit_code) {
   const double deadline = now_seconds() + o.rdzv_timeout;
   const std::string where = o.master_addr + ":" + std::to_string(o.rdzv_port);
   bool told = false;
@@ -146,21 +158,29 @@ std::unique_ptr<Coordinator> make_agent_coordinator(const Options& o, int& exit_
     int fd =
         connect_tcp(o.master_addr, o.rdzv_port, left < 2 ? (left > 0.1 ? left : 0.1) : 2, error);
     if (fd >= 0) {
-      std::cerr << "ddprun: node " << o.node_rank << " joined node 0 at " << where << "\n";
+      if (o.node_rank >= 0)
+        std::cerr << "ddprun: node " << o.node_rank << " joined node 0 at " << where << "\n";
+      else
+        std::cerr << "ddprun: joined node 0 at " << where << "; waiting for a node rank\n";
       return std::make_unique<AgentCoordinator>(o, fd, deadline);
     }
     if (now_seconds() >= deadline) {
       std::cerr << "ddprun: error: could not reach node 0's ddprun at " << where << " within "
                 << "--rdzv-timeout " << o.rdzv_timeout << " s (last error: " << error << "). "
-                << "Check that ddprun runs on node 0 with --master-addr " << o.master_addr
-                << " and the same --master-port/--rdzv-port, that this host can reach "
-                << o.master_addr << ", and that no firewall blocks port " << o.rdzv_port << ".\n";
+                << "Check that ddprun runs on node 0 with "
+                << (o.dynamic_rank() ? "the same --rdzv-endpoint"
+                                     : "--master-addr " + o.master_addr +
+                                           " and the same --master-port/--rdzv-port")
+                << ", that this host can reach " << o.master_addr
+                << ", and that no firewall blocks port " << o.rdzv_port << ".\n";
       exit_code = kExitLinkLost;
       return nullptr;
     }
     if (!told) {
-      std::cerr << "ddprun: node " << o.node_rank << " waiting for node 0 at " << where << " ("
-                << error << "); retrying for up to " << o.rdzv_timeout << " s\n";
+      std::cerr << "ddprun: "
+                << (o.node_rank >= 0 ? "node " + std::to_string(o.node_rank) : "this host")
+                << " waiting for node 0 at " << where << " (" << error << "); retrying for up to "
+                << o.rdzv_timeout << " s\n";
       told = true;
     }
     if (int sig = nap(0.5)) {

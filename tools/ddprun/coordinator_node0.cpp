@@ -20,7 +20,7 @@ constexpr int kListener = INT_MIN;  // key of the listening socket in polled_
 class Node0Coordinator : public DecidingCoordinator {
  public:
   Node0Coordinator(const Options& o, const std::string& run_id, int listener)
-      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id),
+      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id, o.min_nodes),
         o_(o),
         listener_(listener),
         join_deadline_(now_seconds() + o.rdzv_timeout) {}
@@ -59,16 +59,25 @@ class Node0Coordinator : public DecidingCoordinator {
   }
 
   void tick(double now) override {
+    if (last_call_at_ > 0 && now >= last_call_at_) {
+      last_call_at_ = 0;
+      handle(Event::last_call_over());
+    }
     if (!policy().started() && now > join_deadline_) {
       std::string missing;
       for (int n = 1; n < o_.nnodes; ++n)
         if (!conns_.count(n)) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+      if (o_.dynamic_rank())
+        missing = std::to_string(o_.min_nodes - policy().present()) + " more host(s)";
       handle(Event::join_timed_out(
           "nodes " + missing + " did not join within --rdzv-timeout " +
           std::to_string(static_cast<int>(o_.rdzv_timeout)) + " s. Node 0 waits at " +
-          o_.master_addr + ":" + std::to_string(o_.rdzv_port) + "; start ddprun there with " +
-          "--nnodes " + std::to_string(o_.nnodes) + " --master-addr " + o_.master_addr +
-          " --master-port " + std::to_string(o_.master_port) + " and their --node-rank."));
+          o_.master_addr + ":" + std::to_string(o_.rdzv_port) + "; " +
+          (o_.dynamic_rank() ? "start the same ddprun command (--rdzv-endpoint, --nnodes, "
+                               "--rdzv-id) on the other hosts."
+                             : "start ddprun there with --nnodes " + std::to_string(o_.nnodes) +
+                                   " --master-addr " + o_.master_addr + " --master-port " +
+                                   std::to_string(o_.master_port) + " and their --node-rank.")));
       return;
     }
     std::vector<int> silent;
@@ -114,13 +123,33 @@ class Node0Coordinator : public DecidingCoordinator {
     const Introduction& h = m.hello;
     if (m.kind != AgentMessage::Hello) {
       problem = "expected 'hello <node> <nnodes> <nproc>'";
-    } else if (h.nnodes != o_.nnodes) {
-      problem = "node 0 has --nnodes " + std::to_string(o_.nnodes) + " but this host has " +
-                std::to_string(h.nnodes);
+    } else if (h.nnodes != o_.nnodes ||
+               (h.min_nodes > 0 ? h.min_nodes : h.nnodes) != o_.min_nodes) {
+      const auto range = [](int lo, int hi) {
+        return lo > 0 && lo < hi ? std::to_string(lo) + ":" + std::to_string(hi)
+                                 : std::to_string(hi);
+      };
+      problem = "node 0 has --nnodes " + range(o_.min_nodes, o_.nnodes) + " but this host has " +
+                range(h.min_nodes, h.nnodes);
     } else if (h.nproc != o_.nproc_per_node) {
       problem = "node 0 runs --nproc-per-node " + std::to_string(o_.nproc_per_node) +
                 " workers but this host wants " + std::to_string(h.nproc) +
                 "; every host must run the same number";
+    } else if (o_.dynamic_rank() && h.node != -1) {
+      problem = "node 0 hands out node ranks (--rdzv-backend c10d) but this host has --node-rank " +
+                std::to_string(h.node) + "; give every host the same --rdzv-backend";
+    } else if (!o_.dynamic_rank() && h.node == -1) {
+      problem = "this host asks for a node rank (--rdzv-backend c10d) but node 0 uses static "
+                "ranks; give every host the same --rdzv-backend";
+    } else if (o_.dynamic_rank() && h.run_id != (o_.run_id_given ? o_.run_id : "")) {
+      problem = "this host has --rdzv-id '" + (h.run_id.empty() ? "(none)" : h.run_id) +
+                "' but node 0 runs --rdzv-id '" + (o_.run_id_given ? o_.run_id : "(none)") +
+                "'; every host of one job must give the same --rdzv-id";
+    } else if (o_.dynamic_rank() &&
+               (policy().present() >= o_.nnodes || (policy().started() && !policy().elastic()))) {
+      problem = "all " + std::to_string(o_.nnodes) + " nodes (--nnodes) have already joined";
+    } else if (h.node == -1) {
+      // c10d: node ranks in join order; node 0 is the host serving the endpoint.
     } else if (h.node < 1 || h.node >= o_.nnodes) {
       problem = "--node-rank " + std::to_string(h.node) + " is not one of 1.." +
                 std::to_string(o_.nnodes - 1);
@@ -134,17 +163,31 @@ class Node0Coordinator : public DecidingCoordinator {
       conn->close_gracefully(now_seconds() + 1);
       return 0;
     }
-    conns_[h.node] = std::move(conn);
-    handle(Event::joined(h.node));
-    return h.node;
+    const int node = h.node == -1 ? next_rank_++ : h.node;
+    if (h.node == -1) conn->send_line(encode(Node0Message::welcome(node)));
+    conns_[node] = std::move(conn);
+    handle(Event::joined(node));
+    return node;
   }
 
   // Every decision reaches the other hosts before this host's supervisor acts on it.
   void announce(const Decision& d) override {
-    if (d.kind == Decision::Start && listener_ >= 0) start_job();
+    if (d.kind == Decision::LastCall) {
+      last_call_at_ = now_seconds() + o_.last_call_timeout;
+      std::cerr << "ddprun: " << o_.min_nodes << " node(s) joined (--nnodes " << o_.min_nodes << ":"
+                << o_.nnodes << "); starting in " << o_.last_call_timeout
+                << " s (last_call_timeout) unless all " << o_.nnodes << " join sooner\n";
+      return;
+    }
+    if (d.kind == Decision::Start && listener_ >= 0 && !policy().elastic()) start_job();
+    if (d.kind == Decision::Start && policy().elastic())
+      std::cerr << "ddprun: starting attempt " << d.attempt << " on " << d.members.size()
+                << " node(s)\n";
+    // With MIN:MAX, hosts waiting to join take no part in a restart; they are started
+    // with the next attempt's members.
     const std::string line = encode(Node0Message::order(d));
     for (auto& [key, conn] : conns_)
-      if (key > 0) conn->send_line(line);
+      if (key > 0 && (d.kind == Decision::Exit || policy().member(key))) conn->send_line(line);
   }
 
   // The first start: every node has joined, so no other host is let in.
@@ -169,28 +212,51 @@ class Node0Coordinator : public DecidingCoordinator {
   std::map<int, std::unique_ptr<Connection>> conns_;
   std::vector<int> polled_;
   int next_pending_ = -1;
+  int next_rank_ = 1;        // c10d: the node rank the next host to join gets
+  double last_call_at_ = 0;  // MIN:MAX: when the last call ends (0: none running)
 };
+
+}  // namespace
+
+namespace {
+
+std::unique_ptr<Coordinator> node0_on(const Options& o, const std::string& run_id, int fd) {
+  std::cerr << "ddprun: node 0 waiting for " << o.nnodes - 1 << " more node(s)"
+            << (o.min_nodes < o.nnodes ? " (at least " + std::to_string(o.min_nodes - 1) + ")" : "")
+            << " at " << o.master_addr << ":" << o.rdzv_port << "\n";
+  auto coordinator = std::make_unique<Node0Coordinator>(o, run_id, fd);
+  coordinator->handle(Event::joined(0));  // the job starts once the others have joined too
+  return coordinator;
+}
+
+// The rendezvous socket a program that started ddprun handed over, -1 when none was
+// (kHandedBad, with the error printed, when one was but is unusable).
+constexpr int kHandedBad = -2;
+int handed_over(const Options& o) {
+  const char* handed = std::getenv("DDPRUN_RDZV_LISTEN_FD");
+  if (!handed) return -1;
+  std::string error;
+  const int fd = handed_listener(handed, o.rdzv_port, error);
+  if (fd >= 0) return fd;
+  std::cerr << "ddprun: error: DDPRUN_RDZV_LISTEN_FD=" << handed << ": " << error
+            << ". Hand over a socket that listens on the rendezvous port, or unset it.\n";
+  return kHandedBad;
+}
 
 }  // namespace
 
 std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std::string& run_id,
                                                     int& exit_code) {
   std::string error;
-  int fd = -1;
   // A program that starts ddprun may bind and listen on the rendezvous port itself and
   // hand the socket over, inherited across exec, so that the port is never free between
   // being chosen and being served (tests started at once, socket activation).
-  if (const char* handed = std::getenv("DDPRUN_RDZV_LISTEN_FD")) {
-    fd = handed_listener(handed, o.rdzv_port, error);
-    if (fd < 0) {
-      std::cerr << "ddprun: error: DDPRUN_RDZV_LISTEN_FD=" << handed << ": " << error
-                << ". Hand over a socket that listens on --rdzv-port, or unset it.\n";
-      exit_code = kExitUsage;
-      return nullptr;
-    }
-  } else {
-    fd = listen_tcp(o.master_addr, o.rdzv_port, error);
+  int fd = handed_over(o);
+  if (fd == kHandedBad) {
+    exit_code = kExitUsage;
+    return nullptr;
   }
+  if (fd < 0) fd = listen_tcp(o.master_addr, o.rdzv_port, error);
   if (fd < 0) {
     std::cerr << "ddprun: error: node 0 cannot listen on " << o.master_addr << ":" << o.rdzv_port
               << " for the other hosts: " << error << ". --master-addr must be an address of "
@@ -198,11 +264,27 @@ std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std:
     exit_code = kExitUsage;
     return nullptr;
   }
-  std::cerr << "ddprun: node 0 waiting for " << o.nnodes - 1 << " more node(s) at " << o.master_addr
-            << ":" << o.rdzv_port << "\n";
-  auto coordinator = std::make_unique<Node0Coordinator>(o, run_id, fd);
-  coordinator->handle(Event::joined(0));  // the job starts once the others have joined too
-  return coordinator;
+  return node0_on(o, run_id, fd);
+}
+
+std::unique_ptr<Coordinator> make_c10d_coordinator(Options& o, const std::string& run_id,
+                                                   int& exit_code) {
+  // As torchrun's c10d rendezvous: the host that can serve the endpoint (it was handed
+  // the socket, or the address is its own and the port is free) is node 0; every other
+  // host joins it. A port already served there means another host got it first.
+  int fd = handed_over(o);
+  if (fd == kHandedBad) {
+    exit_code = kExitUsage;
+    return nullptr;
+  }
+  std::string error;
+  if (fd < 0) fd = listen_tcp(o.master_addr, o.rdzv_port, error);
+  if (fd >= 0) {
+    o.node_rank = 0;
+    return node0_on(o, run_id, fd);
+  }
+  o.node_rank = -1;
+  return make_agent_coordinator(o, exit_code);
 }
 
 }  // namespace ddprun

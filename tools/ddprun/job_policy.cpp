@@ -62,16 +62,42 @@ Event Event::node_lost(int node, const std::string& how) {
   return e;
 }
 
-JobPolicy::JobPolicy(int nnodes, int max_restarts, std::string run_id)
-    : nnodes_(nnodes), max_restarts_(max_restarts), run_id_(std::move(run_id)) {}
+Event Event::last_call_over() {
+  Event e;
+  e.kind = LastCallOver;
+  return e;
+}
+
+JobPolicy::JobPolicy(int nnodes, int max_restarts, std::string run_id, int min_nodes)
+    : nnodes_(nnodes),
+      min_nodes_(min_nodes > 0 && min_nodes < nnodes ? min_nodes : nnodes),
+      max_restarts_(max_restarts),
+      run_id_(std::move(run_id)) {}
 
 Decision JobPolicy::on(const Event& e) {
   if (over_) return {};
   switch (e.kind) {
-    case Event::NodeJoined:
-      if (started()) return {};
+    case Event::NodeJoined: {
+      if (started()) {
+        if (elastic() && !member(e.node) && present() < nnodes_) waiting_.insert(e.node);
+        return {};
+      }
       joined_nodes_.insert(e.node);
-      if (static_cast<int>(joined_nodes_.size()) < nnodes_) return {};
+      const int joined = static_cast<int>(joined_nodes_.size());
+      if (joined >= nnodes_) return start(0);
+      if (joined < min_nodes_ || last_call_) return {};
+      last_call_ = true;
+      Decision d;
+      d.kind = Decision::LastCall;
+      return d;
+    }
+
+    case Event::LastCallOver:
+      if (started()) return {};
+      if (static_cast<int>(joined_nodes_.size()) < min_nodes_) {
+        last_call_ = false;  // a host left meanwhile: the next MIN-th join calls again
+        return {};
+      }
       return start(0);
 
     case Event::JoinTimedOut: {
@@ -86,24 +112,14 @@ Decision JobPolicy::on(const Event& e) {
       // from hosts that saw the same failure late.
       if (e.attempt != attempt_ || restart_decided_) return {};
       if (e.attempt >= max_restarts_) return exit(e.code, e.node, e.why);
-      restart_decided_ = true;
-      next_attempt_ = e.attempt + 1;
-      stopped_nodes_.clear();
-      {
-        Decision d;
-        d.kind = Decision::Restart;
-        d.attempt = next_attempt_;
-        d.node = e.node;
-        d.why = e.why;
-        return d;
-      }
+      return restart(e.attempt + 1, e.node, e.why);
 
     case Event::WorkersFinished:
       // A host whose workers succeeded still takes part in a restart that a
       // failure elsewhere brings, so success counts only once every host had it.
       if (e.attempt != attempt_ || restart_decided_) return {};
       finished_nodes_.insert(e.node);
-      if (static_cast<int>(finished_nodes_.size()) < nnodes_) return {};
+      if (!all_members_in(finished_nodes_)) return {};
       return exit(0, -1, "");
 
     case Event::WorkersStopped:
@@ -111,19 +127,60 @@ Decision JobPolicy::on(const Event& e) {
       // anywhere, so the two never meet at the rendezvous.
       if (e.attempt != next_attempt_) return {};
       stopped_nodes_.insert(e.node);
-      if (static_cast<int>(stopped_nodes_.size()) < nnodes_) return {};
+      if (!all_members_in(stopped_nodes_)) return {};
       return start(e.attempt);
 
     case Event::Aborted:
       return exit(e.code, e.node, e.why);
 
     case Event::NodeLost:
-      return exit(kExitLinkLost, e.node, e.why);
+      if (!elastic()) return exit(kExitLinkLost, e.node, e.why);
+      return member_lost(e);
   }
   return {};
 }
 
+// MIN:MAX: the job goes on without a lost node while enough are left.
+Decision JobPolicy::member_lost(const Event& e) {
+  if (!started()) {
+    joined_nodes_.erase(e.node);  // the last call, if any, still runs; its end checks again
+    return {};
+  }
+  if (waiting_.erase(e.node) || !member(e.node)) return {};
+  members_.erase(e.node);
+  if (static_cast<int>(members_.size()) < min_nodes_)
+    return exit(kExitLinkLost, e.node,
+                e.why + "; fewer than " + std::to_string(min_nodes_) +
+                    " nodes (--nnodes MIN) are left");
+  if (restart_decided_)  // it may have been the last one the restart waited for
+    return all_members_in(stopped_nodes_) ? start(next_attempt_) : Decision{};
+  if (attempt_ >= max_restarts_) return exit(kExitLinkLost, e.node, e.why);
+  return restart(attempt_ + 1, e.node, e.why);
+}
+
+bool JobPolicy::all_members_in(const std::set<int>& nodes) const {
+  for (int n : members_)
+    if (!nodes.count(n)) return false;
+  return true;
+}
+
+Decision JobPolicy::restart(int attempt, int node, const std::string& why) {
+  restart_decided_ = true;
+  next_attempt_ = attempt;
+  stopped_nodes_.clear();
+  Decision d;
+  d.kind = Decision::Restart;
+  d.attempt = attempt;
+  d.node = node;
+  d.why = why;
+  return d;
+}
+
 Decision JobPolicy::start(int attempt) {
+  if (attempt == 0) members_ = joined_nodes_;
+  for (int n : waiting_)
+    if (static_cast<int>(members_.size()) < nnodes_) members_.insert(n);
+  waiting_.clear();
   attempt_ = attempt;
   restart_decided_ = false;
   finished_nodes_.clear();
@@ -131,6 +188,7 @@ Decision JobPolicy::start(int attempt) {
   d.kind = Decision::Start;
   d.attempt = attempt;
   d.run_id = run_id_;
+  if (elastic()) d.members.assign(members_.begin(), members_.end());
   return d;
 }
 

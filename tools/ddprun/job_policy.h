@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 namespace ddprun {
 
@@ -21,6 +22,7 @@ struct Event {
     Aborted,          // node, code, why: its ddprun stops for good (a stop signal,
                       //   or it could not start workers)
     NodeLost,         // node, why: its ddprun closed the link or stopped answering
+    LastCallOver,     // MIN:MAX: the last-call window after the MIN-th join has passed
   };
   Kind kind = NodeJoined;
   int node = 0;
@@ -35,15 +37,17 @@ struct Event {
   static Event workers_stopped(int node, int attempt);
   static Event aborted(int node, int code, const std::string& what);
   static Event node_lost(int node, const std::string& how);
+  static Event last_call_over();
 };
 
 // What every host does next.
 struct Decision {
   enum Kind {
-    Wait,     // nothing to do yet
-    Start,    // start the workers of `attempt`
-    Restart,  // stop the workers; `attempt` starts once every host's are gone
-    Exit,     // stop the workers and exit with `code`
+    Wait,      // nothing to do yet
+    Start,     // start the workers of `attempt`
+    Restart,   // stop the workers; `attempt` starts once every host's are gone
+    Exit,      // stop the workers and exit with `code`
+    LastCall,  // MIN:MAX: enough hosts joined; report LastCallOver after the last-call window
   };
   Kind kind = Wait;
   int attempt = 0;     // Start, Restart: the attempt to run next
@@ -52,6 +56,9 @@ struct Decision {
   std::string run_id;  // Start
   std::string why;     // Restart, Exit: what failed, to print
   std::string error;   // Exit: a job-level error to print (e.g. a host never joined)
+  // Start with MIN:MAX hosts: the nodes that take part, in group-rank order (a node's
+  // GROUP_RANK is its index here). Empty with a fixed number of hosts: node n is group n.
+  std::vector<int> members;
 };
 
 // The rules, for `nnodes` hosts (1 on a single host):
@@ -63,9 +70,17 @@ struct Decision {
 // - the job succeeds (exit 0) once every node's workers finished in one attempt;
 // - a stop signal or a lost node ends the job at once, never with a restart;
 // - the first exit stands: nothing after it changes the decision.
+// With a range of hosts (min_nodes < nnodes, torchrun's --nnodes MIN:MAX):
+// - once min_nodes have joined, a LastCall; the workers start at LastCallOver, or
+//   as soon as nnodes have joined, with the nodes joined by then as members;
+// - a lost member leads to a restart of the others (a restart counts against
+//   `max_restarts`) while at least min_nodes members remain, else to an exit;
+// - a node that joins after the start waits, and becomes a member at the next
+//   start (after a restart); a lost waiting node changes nothing.
 class JobPolicy {
  public:
-  JobPolicy(int nnodes, int max_restarts, std::string run_id);
+  // `min_nodes` 0 means `nnodes` (a fixed number of hosts).
+  JobPolicy(int nnodes, int max_restarts, std::string run_id, int min_nodes = 0);
 
   // The decision `e` leads to; Wait when it leads to none.
   Decision on(const Event& e);
@@ -74,19 +89,35 @@ class JobPolicy {
   bool started() const { return attempt_ >= 0; }
   // Whether the job ends (an Exit was decided).
   bool over() const { return over_; }
+  // Whether `node` takes part in the attempt started last (every joined node with a
+  // fixed number of hosts).
+  bool member(int node) const { return members_.count(node) > 0; }
+  // Nodes joined or waiting to, members included; MIN:MAX admits up to nnodes.
+  int present() const {
+    return static_cast<int>(members_.size() + waiting_.size() +
+                            (started() ? 0 : joined_nodes_.size()));
+  }
+  bool elastic() const { return min_nodes_ < nnodes_; }
 
  private:
   Decision start(int attempt);
+  Decision restart(int attempt, int node, const std::string& why);
   Decision exit(int code, int node, const std::string& why);
+  Decision member_lost(const Event& e);
+  bool all_members_in(const std::set<int>& nodes) const;
 
   const int nnodes_;
+  const int min_nodes_;
   const int max_restarts_;
   const std::string run_id_;
   bool over_ = false;
   int attempt_ = -1;              // the attempt started last
   bool restart_decided_ = false;  // attempt_ failed and will be restarted
   int next_attempt_ = -1;         // the attempt a Restart decided on
+  bool last_call_ = false;        // LastCall was decided
   std::set<int> joined_nodes_, finished_nodes_, stopped_nodes_;
+  std::set<int> members_;  // the nodes of the attempt started last
+  std::set<int> waiting_;  // joined after the start; members from the next start
 };
 
 }  // namespace ddprun

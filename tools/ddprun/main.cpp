@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<Coordinator> coordinator;
   if (!o.multi_host())
     coordinator = make_local_coordinator(o.max_restarts, o.run_id);
+  else if (o.dynamic_rank())
+    coordinator = make_c10d_coordinator(o, o.run_id, exit_code);
   else if (o.node_rank == 0)
     coordinator = make_node0_coordinator(o, o.run_id, exit_code);
   else

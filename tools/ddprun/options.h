@@ -12,7 +12,8 @@ namespace ddprun {
 struct Options {
   std::string nproc_spec = "1";
   int nproc_per_node = 1;  // resolved from nproc_spec
-  int nnodes = 1;
+  int nnodes = 1;          // with MIN:MAX, MAX
+  int min_nodes = 1;       // --nnodes MIN:MAX (c10d only); MIN == nnodes for a fixed number
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port on one host, 29500 on several
@@ -26,11 +27,22 @@ struct Options {
   bool standalone = false;
   double grace_period = 5;
   bool no_prefix = false;
-  std::string run_id;  // empty: random (node 0's on several hosts)
+  std::string run_id;         // empty: random (node 0's on several hosts)
+  bool run_id_given = false;  // --run-id/--rdzv-id was given (c10d hosts must agree on it)
+  // Rendezvous: "static" (node ranks from --node-rank) or "c10d" (node ranks in join
+  // order; node 0 is the host that can listen on --rdzv-endpoint).
+  std::string rdzv_backend = "static";
+  double last_call_timeout = 30;        // --rdzv-conf; for MIN:MAX membership
+  double close_timeout = 30;            // --rdzv-conf
+  std::string role = "default";         // ROLE_NAME
+  std::vector<int> local_ranks_filter;  // local ranks shown on the console; empty: all
   std::vector<std::string> command;
   std::string program_path;  // command[0] as execvp would find it
 
   bool multi_host() const { return nnodes > 1; }
+  // Node ranks are handed out at rendezvous (node_rank is -1 until then on nodes 1..N-1).
+  bool dynamic_rank() const { return multi_host() && rdzv_backend == "c10d"; }
+  bool shows_local_rank(int local_rank) const;
   int world_size() const { return nnodes * nproc_per_node; }
 };
 

@@ -77,10 +77,12 @@ void Supervisor::apply(const Decision& d) {
   const bool remote = d.node >= 0 && d.node != o_.node_rank;
   switch (d.kind) {
     case Decision::Wait:
+    case Decision::LastCall:  // node 0's coordinator keeps the time
       break;
     case Decision::Start:
       if (state_ != State::Idle) return;
       run_id_ = d.run_id;
+      members_ = d.members;
       start_attempt(d.attempt);
       break;
     case Decision::Restart:

@@ -47,6 +47,8 @@ class Supervisor {
   State state_ = State::Idle;
   int attempt_ = -1;
   std::string run_id_;
+  std::vector<int> members_;  // MIN:MAX: the attempt's nodes by group rank (empty: fixed)
+  int group_rank_ = 0;        // this host's, in the attempt started last
   std::string rendezvous_dir_;
   std::string flight_dir_;  // this attempt's flight recorder folder, if ddprun made it
   std::string log_root_;

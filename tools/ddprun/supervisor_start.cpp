@@ -26,6 +26,12 @@ void Supervisor::start_attempt(int attempt) {
   drain_until_ = 0;
   workers_.clear();
   AttemptInfo info{attempt, run_id_, "", omp_threads_, ""};
+  group_rank_ = o_.node_rank;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i] == o_.node_rank) {
+      group_rank_ = info.group_rank = static_cast<int>(i);
+      info.group_world_size = static_cast<int>(members_.size());
+    }
   if (!o_.multi_host()) {
     std::string error;
     rendezvous_dir_ = info.rendezvous_dir = make_rendezvous_dir(run_id_, attempt, error);
@@ -58,7 +64,7 @@ bool Supervisor::spawn_one(int local_rank, const std::string& log_dir,
                            const std::vector<std::string>& env) {
   Worker w;
   w.local_rank = local_rank;
-  w.rank = o_.node_rank * o_.nproc_per_node + local_rank;
+  w.rank = group_rank_ * o_.nproc_per_node + local_rank;
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) return false;
   if (pipe2(err, O_CLOEXEC) != 0) {
@@ -78,11 +84,12 @@ bool Supervisor::spawn_one(int local_rank, const std::string& log_dir,
     std::cerr << "ddprun: warning: cannot create " << dir << ": " << std::strerror(errno) << "\n";
   const std::string prefix = o_.no_prefix ? "" : "[rank " + std::to_string(w.rank) + "]: ";
   const int logged = o_.redirect | o_.tee;
-  out_.push_back(std::make_unique<LineStream>(out[0], prefix,
-                                              (o_.redirect & 1) ? -1 : STDOUT_FILENO,
+  // --local-ranks-filter hides a rank from the console only; its log files and the
+  // failure summary still get its lines.
+  const int console = o_.shows_local_rank(local_rank) ? o_.redirect : 3;
+  out_.push_back(std::make_unique<LineStream>(out[0], prefix, (console & 1) ? -1 : STDOUT_FILENO,
                                               (logged & 1) ? open_log(dir, "stdout.log") : -1, 0));
-  err_.push_back(std::make_unique<LineStream>(err[0], prefix,
-                                              (o_.redirect & 2) ? -1 : STDERR_FILENO,
+  err_.push_back(std::make_unique<LineStream>(err[0], prefix, (console & 2) ? -1 : STDERR_FILENO,
                                               (logged & 2) ? open_log(dir, "stderr.log") : -1,
                                               kKeptStderrLines));
   if (w.pid < 0) {

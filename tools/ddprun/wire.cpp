@@ -45,6 +45,13 @@ Node0Message Node0Message::ping() {
   return m;
 }
 
+Node0Message Node0Message::welcome(int node) {
+  Node0Message m;
+  m.kind = Welcome;
+  m.node = node;
+  return m;
+}
+
 Node0Message Node0Message::order(const Decision& d) {
   Node0Message m;
   m.kind = Order;
@@ -68,8 +75,11 @@ std::string encode(const AgentMessage& m) {
     case AgentMessage::Ping:
       return "ping";
     case AgentMessage::Hello:
-      return "hello " + to_string(m.hello.node) + " " + to_string(m.hello.nnodes) + " " +
-             to_string(m.hello.nproc);
+      return "hello " + to_string(m.hello.node) + " " +
+             (m.hello.min_nodes > 0 && m.hello.min_nodes < m.hello.nnodes
+                  ? to_string(m.hello.min_nodes) + ":" + to_string(m.hello.nnodes)
+                  : to_string(m.hello.nnodes)) +
+             " " + to_string(m.hello.nproc) + (m.hello.run_id.empty() ? "" : " " + m.hello.run_id);
     case AgentMessage::Report:
       switch (e.kind) {
         case Event::WorkerFailed:
@@ -83,6 +93,7 @@ std::string encode(const AgentMessage& m) {
         case Event::NodeJoined:
         case Event::JoinTimedOut:
         case Event::NodeLost:
+        case Event::LastCallOver:
           return "";  // node 0 sees these itself
       }
   }
@@ -96,7 +107,14 @@ AgentMessage decode_agent_message(const std::string& line) {
   Introduction h;
   int attempt = 0, code = 0;
   if (w[0] == "hello" && w.size() == 4) {
-    if (read_int(w[1], h.node) && read_int(w[2], h.nnodes) && read_int(w[3], h.nproc))
+    const auto hw = split_words(line, 6);  // the run id is one word; more is not a hello
+    if (hw.size() == 5) h.run_id = hw[4];
+    const size_t colon = hw[2].find(':');
+    const bool nnodes_ok = colon == std::string::npos
+                               ? read_int(hw[2], h.nnodes)
+                               : read_int(hw[2].substr(0, colon), h.min_nodes) &&
+                                     read_int(hw[2].substr(colon + 1), h.nnodes);
+    if (hw.size() <= 5 && read_int(hw[1], h.node) && nnodes_ok && read_int(hw[3], h.nproc))
       m = AgentMessage::introduce(h);
   } else if (w[0] == "fail" && w.size() >= 3) {
     if (read_int(w[1], attempt) && read_int(w[2], code))
@@ -123,16 +141,23 @@ std::string encode(const Node0Message& m) {
       return "ping";
     case Node0Message::Refusal:
       return "error " + m.refusal;
+    case Node0Message::Welcome:
+      return "welcome " + to_string(m.node);
     case Node0Message::Order:
       switch (d.kind) {
-        case Decision::Start:
-          return "go " + to_string(d.attempt) + " " + d.run_id;
+        case Decision::Start: {
+          std::string line = "go " + to_string(d.attempt) + " " + d.run_id;
+          for (size_t i = 0; i < d.members.size(); ++i)
+            line += (i ? "," : " ") + to_string(d.members[i]);
+          return line;
+        }
         case Decision::Restart:
           return "restart " + to_string(d.attempt) + " " + to_string(d.node) + " " + d.why;
         case Decision::Exit:
           if (d.code == 0) return "done";
           return "abort " + to_string(d.code) + " " + to_string(d.node) + " " + d.why;
         case Decision::Wait:
+        case Decision::LastCall:  // node 0's own timer
           return "";
       }
   }
@@ -144,10 +169,25 @@ Node0Message decode_node0_message(const std::string& line) {
   Node0Message m;
   if (w.empty() || (w[0] == "ping" && w.size() == 1)) return Node0Message::ping();
   Decision d;
-  if (w[0] == "go" && w.size() == 3) {
+  if (w[0] == "go" && (w.size() == 3 || w.size() == 4)) {
     d.kind = Decision::Start;
     d.run_id = w[2];
-    if (read_int(w[1], d.attempt)) m = Node0Message::order(d);
+    bool ok = read_int(w[1], d.attempt);
+    if (w.size() == 4) {
+      size_t pos = 0;
+      while (ok && pos <= w[3].size()) {
+        size_t end = w[3].find(',', pos);
+        if (end == std::string::npos) end = w[3].size();
+        int node = 0;
+        ok = read_int(w[3].substr(pos, end - pos), node);
+        d.members.push_back(node);
+        pos = end + 1;
+      }
+    }
+    if (ok) m = Node0Message::order(d);
+  } else if (w[0] == "welcome" && w.size() == 2) {
+    int node = -1;
+    if (read_int(w[1], node)) m = Node0Message::welcome(node);
   } else if (w[0] == "restart" && w.size() >= 3) {
     d.kind = Decision::Restart;
     d.why = text_at(w, 3, "");

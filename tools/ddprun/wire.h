@@ -2,12 +2,15 @@
 // ddprun (the agents; see control_channel.h), and the only code that writes or
 // reads them. One text line per message:
 //
-//   agent -> node 0: hello <node> <nnodes> <nproc>
+//   agent -> node 0: hello <node> <nnodes> <nproc> [<rdzv-id>]  (<node> -1: hand me one;
+//                                                    <nnodes> MIN:MAX for a range)
 //                    fail <attempt> <code> <what>     (its workers failed)
 //                    finished <attempt>               (its workers all exited 0)
 //                    stopped <attempt>                (its workers are gone, ready to restart)
 //                    abort <code> <what>              (it stops for good, e.g. SIGINT)
-//   node 0 -> agent: go <attempt> <run-id>            (start the workers)
+//   node 0 -> agent: welcome <node>                   (joined; c10d: its node rank)
+//                    go <attempt> <run-id> [<n>,<n>...] (start the workers; with
+//                                                      --nnodes MIN:MAX, the members by group rank)
 //                    restart <attempt> <node> <what>  (stop them; wait for the next go)
 //                    done                             (every host succeeded: exit 0)
 //                    abort <code> <node> <what>       (stop them and exit with <code>)
@@ -29,9 +32,11 @@ namespace ddprun {
 
 // What an agent says of itself when it joins; node 0 checks it against its own options.
 struct Introduction {
-  int node = 0;
+  int node = 0;  // -1: c10d rendezvous, node 0 hands out the node rank
   int nnodes = 0;
-  int nproc = 0;  // --nproc-per-node
+  int nproc = 0;       // --nproc-per-node
+  std::string run_id;  // --rdzv-id/--run-id when given, else empty
+  int min_nodes = 0;   // --nnodes MIN:MAX; 0 (or nnodes): a fixed number
 };
 
 // A message from an agent to node 0.
@@ -49,13 +54,15 @@ struct AgentMessage {
 
 // A message from node 0 to an agent.
 struct Node0Message {
-  enum Kind { Invalid, Ping, Order, Refusal } kind = Invalid;
+  enum Kind { Invalid, Ping, Welcome, Order, Refusal } kind = Invalid;
+  int node = -1;  // Welcome: the node rank of the host that joined
   // Order: a Start, Restart or Exit decision. An Exit with code 0 is sent as
   // `done`, without node or why.
   Decision decision;
   std::string refusal;  // Refusal: why this host may not join
 
   static Node0Message ping();
+  static Node0Message welcome(int node);
   static Node0Message order(const Decision& d);
   static Node0Message refuse(const std::string& problem);
 };

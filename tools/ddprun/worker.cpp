@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 namespace ddprun {
 
@@ -89,6 +88,21 @@ void signal_group(Worker& w, int sig) {
   if (w.pid > 0 && !w.group_gone) kill(-w.pid, sig);
 }
 
+namespace {
+
+// /proc/<pid>/stat, or "" once the process is gone. read() fails with ESRCH when it
+// exits between open and read, which std::ifstream turns into an exception.
+std::string read_proc_stat(const char* pid) {
+  const int fd = open(("/proc/" + std::string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+}  // namespace
+
 std::vector<pid_t> kill_stray_children(const std::vector<Worker>& workers) {
   std::vector<pid_t> killed;
   DIR* proc = opendir("/proc");
@@ -98,8 +112,7 @@ std::vector<pid_t> kill_stray_children(const std::vector<Worker>& workers) {
     char* end = nullptr;
     long pid = strtol(d->d_name, &end, 10);
     if (*end != '\0' || pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(d->d_name) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::string text = read_proc_stat(d->d_name);
     size_t paren = text.rfind(')');  // the command name may hold spaces and ')'
     if (paren == std::string::npos) continue;
     char state = 0;

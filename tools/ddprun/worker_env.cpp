@@ -16,17 +16,20 @@ namespace ddprun {
 
 std::vector<std::string> worker_environment(const Options& o, int local_rank,
                                             const AttemptInfo& a) {
-  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+  const int group = a.group_rank >= 0 ? a.group_rank : o.node_rank;
+  const int groups = a.group_rank >= 0 ? a.group_world_size : o.nnodes;
+  const int rank = group * o.nproc_per_node + local_rank;
+  const int world = groups * o.nproc_per_node;
   std::map<std::string, std::string> set = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(o.world_size())},
+      {"WORLD_SIZE", std::to_string(world)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
-      {"ROLE_NAME", "default"},
+      {"GROUP_RANK", std::to_string(group)},
+      {"GROUP_WORLD_SIZE", std::to_string(groups)},
+      {"ROLE_NAME", o.role},
       {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(o.world_size())},
+      {"ROLE_WORLD_SIZE", std::to_string(world)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(a.attempt)},

@@ -14,6 +14,10 @@ struct AttemptInfo {
   std::string rendezvous_dir;       // empty on several hosts
   std::string omp_threads;          // empty: leave OMP_NUM_THREADS as it is
   std::string flight_recorder_dir;  // empty: the user's DDP_FLIGHT_RECORDER_DIR, if any
+  // --nnodes MIN:MAX: this host's group rank and the number of hosts in this attempt;
+  // -1 and 0 with a fixed number of hosts (the options' node rank and nnodes).
+  int group_rank = -1;
+  int group_world_size = 0;
 };
 
 // ddprun's own environment with the worker's variables set (and any stale

@@ -180,7 +180,9 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
 // serves on it. The port is then never free between being chosen and being served, so
 // two jobs (or two tests) started at once cannot pick the same one. LibTorch 2.x's
 // TCPStore takes the socket as it is; 1.13's cannot, so there it is closed just before
-// the store binds the same port again (c10d_comm.cpp).
+// the store binds the same port again (c10d_comm.cpp). With 1.13 a client that connected
+// to the handed-over socket before that is reset, so there the others must connect
+// after rank 0's store listens.
 int checked_listen_fd(int fd, const CommConfig& c) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

@@ -41,25 +41,31 @@ TempDir::~TempDir() {
   if (!path_.empty()) run_command("rm -rf '" + path_ + "'");
 }
 
-bool port_is_listening(int port) {
-  // Lines: "sl local_address rem_address st ...", addresses as HEXIP:HEXPORT, st 0A = LISTEN.
+std::vector<unsigned long> listening_inodes(int port) {
+  // Lines: "sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...",
+  // addresses as HEXIP:HEXPORT, st 0A = LISTEN.
   char wanted[8];
   std::snprintf(wanted, sizeof(wanted), ":%04X", port);
+  std::vector<unsigned long> inodes;
   for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::ifstream in(path);
     std::string line;
     std::getline(in, line);  // header
     while (std::getline(in, line)) {
       std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout;
+      unsigned long inode = 0;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
       if (state == "0A" && local.size() >= 5 && local.compare(local.size() - 5, 5, wanted) == 0) {
-        return true;
+        inodes.push_back(inode);
       }
     }
   }
-  return false;
+  return inodes;
 }
+
+bool port_is_listening(int port) { return !listening_inodes(port).empty(); }
 
 bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -60,6 +60,8 @@ class HeldPort {
 
 /// Whether some socket of this machine listens on TCP `port` (from /proc/net/tcp{,6}).
 bool port_is_listening(int port);
+/// The socket inodes that listen on TCP `port` (fstat(fd).st_ino names a socket's own).
+std::vector<unsigned long> listening_inodes(int port);
 
 /// Polls `predicate` until it holds or `timeout` passes; returns its last value.
 bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout);

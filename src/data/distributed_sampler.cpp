@@ -197,14 +197,8 @@ void DistributedSampler::check_state(const DistributedSamplerState& state) const
     check_same("shuffle", state.shuffle, s.options.shuffle(), state);
     check_same("seed", state.seed, s.options.seed(), state);
     check_same("drop_last", state.drop_last, s.options.drop_last(), state);
-    size_t num_samples = s.num_samples;
-    if (!state.earlier_stages.empty() || !s.stages.empty()) {
-      State layout = s;  // the layout the state describes, without changing this one
-      layout.epoch = state.epoch;
-      layout.stages = state.earlier_stages;
-      layout.rebuild();
-      num_samples = layout.num_samples;
-    }
+    const size_t num_samples = detail::samples_per_rank(s.dataset_size, state.earlier_stages,
+                                                        s.num_replicas, s.options.drop_last());
     DDP_CHECK(static_cast<size_t>(state.position) <= num_samples,
               "DistributedSampler::load_state: position ", state.position,
               " is past the end of the epoch (", num_samples,

@@ -15,6 +15,15 @@ size_t share_size(size_t m, int64_t replicas, bool drop_last) {
   return drop_last ? m / r : (m + r - 1) / r;
 }
 
+size_t samples_per_rank(size_t dataset_size, const std::vector<DistributedSamplerStage>& stages,
+                        int64_t replicas, bool drop_last) {
+  // Which samples are left does not matter here, only how many: any order will do.
+  const size_t left =
+      stages.empty() ? dataset_size
+                     : remaining_after(std::vector<size_t>(dataset_size), stages, drop_last).size();
+  return share_size(left, replicas, drop_last);
+}
+
 std::vector<size_t> remaining_after(std::vector<size_t> order,
                                     const std::vector<DistributedSamplerStage>& stages,
                                     bool drop_last) {

@@ -29,6 +29,12 @@ namespace detail {
 /// Samples per rank when `m` samples are split among `replicas` ranks.
 size_t share_size(size_t m, int64_t replicas, bool drop_last);
 
+/// Samples per rank of a layout of `replicas` ranks that follows `stages` (oldest first)
+/// in an epoch of `dataset_size` samples: the sampler's num_samples(), without building
+/// the epoch's order. Throws as remaining_after does.
+size_t samples_per_rank(size_t dataset_size, const std::vector<DistributedSamplerStage>& stages,
+                        int64_t replicas, bool drop_last);
+
 /// The samples of the epoch's `order` that `stages` (oldest first) had not handed out, in
 /// order. Throws when a stage's positions do not fit it.
 std::vector<size_t> remaining_after(std::vector<size_t> order,

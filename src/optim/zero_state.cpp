@@ -78,11 +78,6 @@ std::vector<std::vector<int64_t>> shard_indices(const std::vector<int>& owners, 
   return out;
 }
 
-std::string to_bytes(const c10::IValue& value) {
-  const std::vector<char> bytes = pickle(value);
-  return std::string(bytes.begin(), bytes.end());
-}
-
 // Rank `src`'s bytes, on every rank (only `src` passes them). Two broadcasts: the
 // length, then the bytes.
 std::string broadcast_bytes(ProcessGroup& pg, const std::string& bytes, int src) {
@@ -129,7 +124,7 @@ std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer&
     c10::impl::GenericDict shard = local;
     if (r != to_rank) {
       const std::string bytes =
-          broadcast_bytes(pg, pg.rank() == r ? to_bytes(local) : std::string(), r);
+          broadcast_bytes(pg, pg.rank() == r ? pickle_string(local) : std::string(), r);
       if (pg.rank() != to_rank) continue;
       shard = as_dict(unpickle(bytes, where), "rank " + std::to_string(r) + "'s shard", where);
     } else if (pg.rank() != to_rank) {

@@ -27,11 +27,6 @@ namespace {
 constexpr const char* kFormat = "ddp-cpp checkpoint";
 constexpr int64_t kVersion = 1;
 
-std::string to_bytes(const c10::IValue& value) {
-  const std::vector<char> bytes = pickle(value);
-  return std::string(bytes.begin(), bytes.end());
-}
-
 // What only this rank knows: its sampler position and its RNG states.
 std::string rank_part(const Checkpoint& checkpoint) {
   c10::impl::GenericDict part = new_dict();
@@ -40,7 +35,7 @@ std::string rank_part(const Checkpoint& checkpoint) {
     part.insert("position", static_cast<int64_t>(checkpoint.sampler()->position()));
   }
   if (checkpoint.rng()) part.insert("rng", rng_state());
-  return to_bytes(part);
+  return pickle_string(part);
 }
 
 c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
@@ -71,17 +66,6 @@ c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
     d.insert("earlier_stages", stages);
   }
   return d;
-}
-
-std::vector<int64_t> int_list(const c10::IValue& v, const std::string& what,
-                              const std::string& where) {
-  DDP_CHECK(v.isList(), where, ": ", what, " should be a list of ints");
-  std::vector<int64_t> out;
-  for (const c10::IValue& x : v.toList()) {
-    DDP_CHECK(x.isInt(), where, ": ", what, " should hold ints");
-    out.push_back(x.toInt());
-  }
-  return out;
 }
 
 std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
@@ -137,8 +121,7 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
   st.shuffle = get_bool(d, "shuffle", what, where);
   st.seed = get_int(d, "seed", what, where);
   st.drop_last = get_bool(d, "drop_last", what, where);
-  const std::vector<int64_t> positions =
-      int_list(get(d, "positions", what, where), "sampler['positions']", where);
+  const std::vector<int64_t> positions = get_int_list(d, "positions", what, where);
   if (d.contains("earlier_stages")) {
     const c10::IValue stages = d.at("earlier_stages");
     DDP_CHECK(stages.isList(), where, ": sampler['earlier_stages'] should be a list");
@@ -146,8 +129,7 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
       const c10::impl::GenericDict sd = as_dict(sv, "sampler['earlier_stages'][i]", where);
       DistributedSamplerStage stage;
       stage.num_replicas = get_int(sd, "num_replicas", "sampler['earlier_stages'][i]", where);
-      stage.positions = int_list(get(sd, "positions", "sampler['earlier_stages'][i]", where),
-                                 "sampler['earlier_stages'][i]['positions']", where);
+      stage.positions = get_int_list(sd, "positions", "sampler['earlier_stages'][i]", where);
       st.earlier_stages.push_back(std::move(stage));
     }
   }
@@ -167,11 +149,8 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
     // the saved ranks had not handed out are shared among this run's ranks (Note
     // [Re-sharding an epoch] in src/data/reshard.h), which needs every saved position.
     const size_t saved_samples =
-        detail::share_size(detail::remaining_after(std::vector<size_t>(
-                                                       static_cast<size_t>(st.dataset_size)),
-                                                   st.earlier_stages, st.drop_last)
-                               .size(),
-                           st.num_replicas, st.drop_last);
+        detail::samples_per_rank(static_cast<size_t>(st.dataset_size), st.earlier_stages,
+                                 st.num_replicas, st.drop_last);
     // -1: no process had that sampler rank (e.g. saved by one process for rank 0 of 2).
     bool all_zero = true;
     bool all_done = true;
@@ -199,8 +178,9 @@ Apply prepare_sampler_load(DistributedSampler& sampler, const c10::IValue& saved
     st.earlier_stages = all_done ? std::vector<DistributedSamplerStage>() : stages;
     st.position = 0;
     if (all_done) {  // nothing left of that epoch: the loop goes on to the next
-      st.position = static_cast<int64_t>(
-          detail::share_size(static_cast<size_t>(st.dataset_size), st.num_replicas, st.drop_last));
+      st.position =
+          static_cast<int64_t>(detail::samples_per_rank(static_cast<size_t>(st.dataset_size), {},
+                                                        st.num_replicas, st.drop_last));
     }
   }
   sampler.check_state(st);

@@ -74,6 +74,11 @@ std::vector<char> pickle(const c10::IValue& value) {
   return archive;
 }
 
+std::string pickle_string(const c10::IValue& value) {
+  const std::vector<char> bytes = pickle(value);
+  return std::string(bytes.begin(), bytes.end());
+}
+
 c10::IValue unpickle(const std::string& bytes, const std::string& where) {
   // Note [Integrity check]: a torn or corrupted file stops here.
   const std::vector<ZipRecord> records = read_zip(bytes, where);
@@ -145,6 +150,19 @@ int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key, cons
   const c10::IValue v = get(dict, key, what, where);
   DDP_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ", v.tagKind());
   return v.toInt();
+}
+
+std::vector<int64_t> get_int_list(const c10::impl::GenericDict& dict, const std::string& key,
+                                  const std::string& what, const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isList(), where, ": ", what, "['", key, "'] should be a list, but is ", v.tagKind());
+  std::vector<int64_t> out;
+  for (const c10::IValue& x : v.toList()) {
+    DDP_CHECK(x.isInt(), where, ": ", what, "['", key, "'] should hold ints, but holds ",
+              x.tagKind());
+    out.push_back(x.toInt());
+  }
+  return out;
 }
 
 double get_double(const c10::impl::GenericDict& dict, const std::string& key,

@@ -19,6 +19,8 @@ using Apply = std::function<void()>;
 
 /// torch.save's zipfile format, readable by torch.load in Python.
 std::vector<char> pickle(const c10::IValue& value);
+/// pickle() as a string, for collectives that move bytes (all_gather_bytes, ...).
+std::string pickle_string(const c10::IValue& value);
 /// Reads what pickle() or Python's torch.save (zipfile format) wrote. A truncated or
 /// corrupt file throws, naming `where` and the size.
 c10::IValue unpickle(const std::string& bytes, const std::string& where);
@@ -35,6 +37,8 @@ c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key, cons
                 const std::string& where);
 int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
                 const std::string& where);
+std::vector<int64_t> get_int_list(const c10::impl::GenericDict& dict, const std::string& key,
+                                  const std::string& what, const std::string& where);
 double get_double(const c10::impl::GenericDict& dict, const std::string& key,
                   const std::string& what, const std::string& where);
 bool get_bool(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,

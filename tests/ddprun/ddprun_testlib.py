@@ -167,8 +167,13 @@ class DdprunTestCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ddprun-test-")
         self.marker = new_marker()
+        self.procs = []  # ddprun processes that tearDown kills if they still run
 
     def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
         leftover = pids_with_marker(self.marker)
         kill_marked(self.marker)
         subprocess.run(["rm", "-rf", self.tmp])
@@ -176,6 +181,16 @@ class DdprunTestCase(unittest.TestCase):
 
     def env(self, **extra):
         return base_env(**{MARKER_VAR: self.marker}, **extra)
+
+    def finish(self, p, timeout=60):
+        """Waits for ddprun `p`: (returncode, stdout, stderr); fails the test on a hang."""
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            self.fail("ddprun did not finish:\n" + err[-3000:])
+        return p.returncode, out, err
 
     def assert_no_survivors(self, timeout=3.0):
         ok = wait_for(lambda: not pids_with_marker(self.marker), timeout)

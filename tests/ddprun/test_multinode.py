@@ -14,13 +14,8 @@ class MultiNodeTest(T.DdprunTestCase):
         super().setUp()
         self.held = T.HeldPort()
         self.port = self.held.port
-        self.procs = []
 
     def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
         self.held.close()
         super().tearDown()
 
@@ -38,15 +33,6 @@ class MultiNodeTest(T.DdprunTestCase):
                     self.env(OMP_NUM_THREADS=1, **env), pass_fds=pass_fds)
         self.procs.append(p)
         return p
-
-    def finish(self, p, timeout=60):
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            self.fail("ddprun did not finish:\n" + err[-3000:])
-        return p.returncode, out, err
 
     def test_failure_on_node1_stops_node0(self):
         fail3 = ["bash", "-c", '[ "$RANK" = 3 ] && { sleep 0.5; echo "rank 3 broke" >&2; exit 5; }; sleep 1000']

@@ -21,7 +21,7 @@ class SignalTest(T.DdprunTestCase):
             self.fail("workers did not get ready")
         return p
 
-    def finish(self, p, timeout=60):
+    def output_of(self, p, timeout=60):
         try:
             out, err = p.communicate(timeout=timeout)
         finally:
@@ -34,7 +34,7 @@ class SignalTest(T.DdprunTestCase):
         p = self.start_job(2, 20)
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = self.finish(p)
+        out, err = self.output_of(p)
         self.assertEqual(p.returncode, 130, err)
         self.assertLess(time.monotonic() - t0, 10, "ddprun waited for the grace period")
         for r in range(2):
@@ -49,7 +49,7 @@ class SignalTest(T.DdprunTestCase):
     def test_sigterm_forwarded_exit_143(self):
         p = self.start_job(3, 20)
         p.send_signal(signal.SIGTERM)
-        out, err = self.finish(p)
+        out, err = self.output_of(p)
         self.assertEqual(p.returncode, 143, err)
         for r in range(3):
             self.assertTrue(os.path.exists(os.path.join(self.pid_dir, "TERM.%d" % r)), err)
@@ -67,7 +67,7 @@ class SignalTest(T.DdprunTestCase):
         self.assertIsNone(p.poll(), "ddprun exited although the workers ignore SIGINT")
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = self.finish(p, timeout=30)
+        out, err = self.output_of(p, timeout=30)
         err = seen + err
         self.assertEqual(p.returncode, 130, err)
         self.assertLess(time.monotonic() - t0, 5)
@@ -78,7 +78,7 @@ class SignalTest(T.DdprunTestCase):
         p = self.start_job(2, 1.5, IGNORE_INT=1)
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = self.finish(p, timeout=30)
+        out, err = self.output_of(p, timeout=30)
         took = time.monotonic() - t0
         self.assertEqual(p.returncode, 130, err)
         self.assertGreaterEqual(took, 1.3)

@@ -203,13 +203,8 @@ class HostsTestCase(T.DdprunTestCase):
     def setUp(self):
         super().setUp()
         self.held = T.HeldPort()
-        self.procs = []
 
     def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
         self.held.close()
         super().tearDown()
 
@@ -221,15 +216,6 @@ class HostsTestCase(T.DdprunTestCase):
                     self.env(OMP_NUM_THREADS=1, **handed, **env), pass_fds=pass_fds)
         self.procs.append(p)
         return p
-
-    def finish(self, p, timeout=60):
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            self.fail("ddprun did not finish:\n" + err[-3000:])
-        return p.returncode, out, err
 
 
 class DynamicRanksTest(HostsTestCase):

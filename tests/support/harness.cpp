@@ -65,8 +65,6 @@ std::vector<unsigned long> listening_inodes(int port) {
   return inodes;
 }
 
-bool port_is_listening(int port) { return !listening_inodes(port).empty(); }
-
 bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {

@@ -58,8 +58,6 @@ class HeldPort {
   int port_ = 0;
 };
 
-/// Whether some socket of this machine listens on TCP `port` (from /proc/net/tcp{,6}).
-bool port_is_listening(int port);
 /// The socket inodes that listen on TCP `port` (fstat(fd).st_ino names a socket's own).
 std::vector<unsigned long> listening_inodes(int port);
 

@@ -23,6 +23,8 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "core/host_identity.h"
+#include "core/shm_comm.h"
 #include "core/store_wait.h"
 #include "core/traced_comm.h"
 
@@ -49,6 +51,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <csignal>
 #include <mutex>
 
@@ -620,9 +623,11 @@ void rethrow_comm_error(const std::exception& e, const CommConfig& config,
 // Note [Waiting that talks] for the rendezvous: each rank announces itself under
 // ddp/arrived/<rank> and waits for all the others, saying whom it waits for, before the
 // backend's own rendezvous (which waits silently and cannot say who is missing) starts.
-void wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
+// The announcement is the rank's host identity (Note [Same host]); all of them are
+// returned, in rank order.
+std::vector<HostIdentity> wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
   try {
-    store_set_on(store, "ddp/arrived/" + std::to_string(c.rank), "1");
+    store_set_on(store, "ddp/arrived/" + std::to_string(c.rank), encode(local_host_identity()));
   } catch (const std::exception& e) {
     rethrow_comm_error(e, c, "announcing this rank at the rendezvous");
   }
@@ -644,7 +649,11 @@ void wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
   } catch (const std::exception& e) {
     rethrow_comm_error(e, c, "waiting for the other ranks at the rendezvous");
   }
-  if (got.complete()) return;
+  if (got.complete()) {
+    std::vector<HostIdentity> ids(got.values.size());
+    for (size_t r = 0; r < ids.size(); ++r) decode(*got.values[r], ids[r]);
+    return ids;
+  }
   std::vector<int> ranks(got.missing.begin(), got.missing.end());
   throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
                      " waited " + std::to_string(c.timeout.count()) + " ms at " + where_text +
@@ -653,6 +662,60 @@ void wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
                      " ranks with the same rendezvous settings (WORLD_SIZE counts every "
                      "process of the job), or raise the timeout.");
 }
+
+namespace {
+
+std::string describe_host(const HostIdentity& id) {
+  return "'" + (id.hostname.empty() ? std::string("?") : id.hostname) + "' (boot id " +
+         (id.boot_id.empty() ? std::string("unknown") : id.boot_id.substr(0, 8)) + ", /dev/shm " +
+         std::to_string(id.shm_device) + ":" + std::to_string(id.shm_inode) + ")";
+}
+
+// The "shm" backend when every rank shares this host, or nullptr for Gloo: backend ""
+// falls back quietly (rank 0 says why when the segment could not be made); backend
+// "shm" throws, saying which ranks are elsewhere or what failed.
+std::unique_ptr<Comm> make_shm(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store,
+                               const std::vector<HostIdentity>& ids) {
+  const bool asked = c.backend == "shm";
+  for (size_t r = 1; r < ids.size(); ++r) {
+    if (same_shm_host(ids[0], ids[r])) continue;
+    if (!asked) return nullptr;
+    throw ProcessGroupError("backend \"shm\" on rank " + std::to_string(c.rank) + " of " +
+                            std::to_string(c.world_size) +
+                            ": shared memory needs every rank of the group on one host, but "
+                            "rank 0 is on " +
+                            describe_host(ids[0]) + " and rank " + std::to_string(r) + " on " +
+                            describe_host(ids[r]) +
+                            ". Use backend \"gloo\", or an empty backend, which picks shared "
+                            "memory only when the ranks share a host.");
+  }
+  ShmSetup setup;
+  setup.store_set = [store](const std::string& k, const std::string& v) {
+    store_set_on(*store, k, v);
+  };
+  setup.store_try_get = [store](const std::string& k) { return store_try_get_on(*store, k); };
+  setup.identities = ids;
+  setup.make_fallback = [&c, &store]() {
+    CommConfig g = c;
+    g.backend = "gloo";
+    return make_gloo(g, store);
+  };
+  std::string why_not;
+  auto comm = make_shm_comm(c, setup, &why_not);
+  if (comm) return comm;
+  if (asked) {
+    throw ProcessGroupError("backend \"shm\" on rank " + std::to_string(c.rank) + " of " +
+                            std::to_string(c.world_size) +
+                            ": the shared memory segment could not be set up: " + why_not +
+                            ". Use backend \"gloo\" instead.");
+  }
+  if (c.rank == 0) {
+    std::fprintf(stderr, "[ddp] shared memory is not usable (%s); using gloo\n", why_not.c_str());
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
   if (c.world_size == 1) return std::make_unique<LocalComm>(c);
@@ -683,7 +746,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
                             store_description(c) + ". Cause: " + text);
   }
 
-  wait_for_arrivals(c, *store);
+  const std::vector<HostIdentity> identities = wait_for_arrivals(c, *store);
 
   // Every collective is numbered and recorded (Note [Flight recorder]), and checked
   // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
@@ -692,6 +755,9 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
     return std::make_unique<TracedComm>(std::move(comm));
   };
   try {
+    if (c.backend == "shm" || c.backend_auto) {
+      if (auto comm = make_shm(c, store, identities)) return traced(std::move(comm));
+    }
     if (c.backend == "gloo") return traced(make_gloo(c, store));
 #ifdef DDP_WITH_NCCL
     if (c.backend == "nccl") return traced(make_nccl(c, store));

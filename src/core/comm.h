@@ -18,7 +18,10 @@ namespace detail {
 /// Where and how the ranks meet. Filled in by rendezvous.cpp from InitOptions and the
 /// environment; consumed by Comm::create.
 struct CommConfig {
-  std::string backend;  // "gloo" or "nccl"
+  std::string backend;  // "gloo", "nccl" or "shm"
+  // The user left the backend empty on a CPU: Comm::create picks "shm" when every rank
+  // is on one host (Note [Same host]), else keeps "gloo".
+  bool backend_auto = false;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;

@@ -216,10 +216,13 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
 
   // Backend.
   c.backend = o.backend();
-  if (c.backend.empty()) c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
-  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl",
-            "backend must be \"gloo\" or "
-            "\"nccl\", but got \"",
+  if (c.backend.empty()) {
+    c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
+    c.backend_auto = c.backend == "gloo";
+  }
+  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm",
+            "backend must be \"gloo\", \"nccl\" or \"shm\" (or empty, to choose by what "
+            "is there), but got \"",
             c.backend, "\".");
   DDP_CHECK(c.backend != "nccl" || nccl_compiled(),
             "backend \"nccl\" is not available: this ddp-cpp was built against a "

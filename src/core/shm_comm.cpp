@@ -1,0 +1,379 @@
+#include "core/shm_comm.h"
+
+#include "core/check.h"
+#include "core/rendezvous.h"
+#include "core/shm_transport.h"
+#include "core/store_wait.h"
+
+#include <ddp/errors.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+std::string where(const CommConfig& c) {
+  return "rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) + " (" +
+         c.backend + ", " + c.init_method + ")";
+}
+
+std::optional<shm::DType> shm_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return shm::DType::kFloat32;
+    case at::kDouble:
+      return shm::DType::kFloat64;
+    case at::kHalf:
+      return shm::DType::kFloat16;
+    case at::kBFloat16:
+      return shm::DType::kBFloat16;
+    case at::kInt:
+      return shm::DType::kInt32;
+    case at::kLong:
+      return shm::DType::kInt64;
+    default:
+      return std::nullopt;
+  }
+}
+
+shm::Op shm_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::MAX:
+      return shm::Op::kMax;
+    case ReduceOp::MIN:
+      return shm::Op::kMin;
+    default:
+      return shm::Op::kSum;  // AVG is lowered to SUM above this layer
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+// The error a failed collective leaves in its future: ddp's own exception types, with
+// texts that classify_comm_failure reads the same way (only timeouts say "timed out").
+std::exception_ptr collective_error(const shm::Error& e, const CommConfig& c,
+                                    const std::string& what) {
+  const std::string head = what + " on " + where(c);
+  switch (e.kind()) {
+    case shm::Error::Kind::kTimeout:
+      return std::make_exception_ptr(TimeoutError(head + ": " + e.what() + "."));
+    case shm::Error::Kind::kMismatch:
+      return std::make_exception_ptr(
+          MismatchError(head + ": " + e.what() + ". The process group is broken; destroy it."));
+    default:
+      return std::make_exception_ptr(ProcessGroupError(
+          head + " failed: " + e.what() +
+          ". The process group is broken; destroy it and create a new one."));
+  }
+}
+
+class ShmWork final : public PendingWork {
+ public:
+  explicit ShmWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+  void wait() override {
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// One worker thread that runs the group's collectives in the order they were launched.
+// Shared with the thread, so that it outlives the Comm if it must.
+class Engine {
+ public:
+  using Task = std::function<void(shm::Transport&)>;
+
+  explicit Engine(std::unique_ptr<shm::Transport> transport) : transport_(std::move(transport)) {
+    worker_ = std::thread([this] { loop(); });
+  }
+
+  ~Engine() { stop(); }
+
+  void submit(Task task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      TORCH_INTERNAL_ASSERT(!stopping_, "collective launched on a shut-down shm group");
+      queue_.push_back(std::move(task));
+      ++pending_;
+    }
+    cv_.notify_one();
+  }
+
+  /// Stops the worker. Work still queued or running fails: the waits of this rank end at
+  /// once and the peers' with an abort (a peer waiting for this rank would otherwise wait
+  /// for the whole timeout).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      if (pending_ > 0) transport_->abort();
+    }
+    cv_.notify_one();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  shm::Transport& transport() { return *transport_; }
+
+ private:
+  void loop() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task(*transport_);  // completes its own future, error or not
+      std::lock_guard<std::mutex> lock(mutex_);
+      --pending_;
+    }
+  }
+
+  std::unique_ptr<shm::Transport> transport_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  size_t pending_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+class ShmComm final : public Comm {
+ public:
+  ShmComm(CommConfig config, std::unique_ptr<shm::Transport> transport,
+          std::unique_ptr<Comm> fallback)
+      : Comm(std::move(config)),
+        engine_(std::make_shared<Engine>(std::move(transport))),
+        fallback_(std::move(fallback)) {}
+
+  ~ShmComm() override { shutdown(); }
+
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
+    check_devices("all_reduce", tensors);
+    const auto dtype = tensors.size() == 1 && tensors[0].defined() && tensors[0].is_cpu()
+                           ? shm_dtype(tensors[0].scalar_type())
+                           : std::nullopt;
+    if (!dtype) return fallback().all_reduce(tensors, op);
+    at::Tensor t = tensors[0];
+    return launch("all_reduce", {t}, [t, dtype, op](shm::Transport& tr) {
+      at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+      tr.all_reduce(c.data_ptr(), static_cast<size_t>(c.numel()), *dtype, shm_op(op));
+      if (!c.is_same(t)) t.copy_(c);
+    });
+  }
+
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
+    check_devices("broadcast", tensors);
+    DDP_CHECK(src >= 0 && src < config_->world_size, "broadcast on ", where(*config_),
+              ": source rank ", src, " is not a rank of this group (0..",
+              config_->world_size - 1, ").");
+    if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].is_cpu()) {
+      return fallback().broadcast(tensors, src);
+    }
+    at::Tensor t = tensors[0];
+    return launch("broadcast", {t}, [t, src](shm::Transport& tr) {
+      at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+      tr.broadcast(c.data_ptr(), c.nbytes(), src);
+      if (!c.is_same(t)) t.copy_(c);
+    });
+  }
+
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    check_devices("all_gather", inputs);
+    for (const auto& out : outputs) check_devices("all_gather (outputs)", out);
+    const int n = config_->world_size;
+    bool carried = inputs.size() == 1 && outputs.size() == 1 && inputs[0].defined() &&
+                   inputs[0].is_cpu() && static_cast<int>(outputs[0].size()) == n;
+    for (int r = 0; carried && r < n; ++r) {
+      const at::Tensor& o = outputs[0][static_cast<size_t>(r)];
+      carried = o.defined() && o.is_cpu() && o.nbytes() == inputs[0].nbytes() &&
+                o.scalar_type() == inputs[0].scalar_type();
+    }
+    if (!carried) return fallback().all_gather(outputs, inputs);
+    at::Tensor in = inputs[0];
+    std::vector<at::Tensor> outs = outputs[0];
+    return launch("all_gather", outs, [in, outs](shm::Transport& tr) {
+      at::Tensor c = in.is_contiguous() ? in : in.contiguous();
+      std::vector<at::Tensor> dst(outs.size());
+      std::vector<void*> ptrs(outs.size());
+      for (size_t r = 0; r < outs.size(); ++r) {
+        dst[r] = outs[r].is_contiguous() ? outs[r] : at::empty_like(c);
+        ptrs[r] = dst[r].data_ptr();
+      }
+      tr.all_gather(c.data_ptr(), c.nbytes(), ptrs);
+      for (size_t r = 0; r < outs.size(); ++r) {
+        if (!dst[r].is_same(outs[r])) outs[r].copy_(dst[r].view_as(outs[r]));
+      }
+    });
+  }
+
+  void barrier() override {
+    launch("barrier", {}, [](shm::Transport& tr) { tr.barrier(); })->wait();
+  }
+
+  void store_set(const std::string& key, const std::string& value) override {
+    fallback().store_set(key, value);
+  }
+  std::optional<std::string> store_try_get(const std::string& key) override {
+    return fallback().store_try_get(key);
+  }
+
+  void shutdown() override {
+    if (engine_) {
+      engine_->stop();
+      engine_.reset();
+    }
+    if (fallback_) {
+      fallback_->shutdown();
+      fallback_.reset();
+    }
+  }
+
+ private:
+  Comm& fallback() {
+    DDP_CHECK(fallback_, "process group of ", where(*config_), " was already shut down");
+    return *fallback_;
+  }
+
+  std::shared_ptr<PendingWork> launch(const char* what, std::vector<at::Tensor> result,
+                                      std::function<void(shm::Transport&)> body) {
+    DDP_CHECK(engine_, "process group of ", where(*config_), " was already shut down");
+    auto future = tensor_list_future();
+    auto config = config_;
+    std::string name = what;
+    engine_->submit([future, config, name, result = std::move(result),
+                     body = std::move(body)](shm::Transport& tr) {
+      try {
+        body(tr);
+      } catch (const shm::Error& e) {
+        future->setError(collective_error(e, *config, name));
+        return;
+      } catch (const std::exception& e) {
+        future->setError(std::make_exception_ptr(ProcessGroupError(
+            name + " on " + where(*config) + " failed: " + cause_text(e) +
+            ". The process group is broken; destroy it and create a new one.")));
+        return;
+      }
+      future->markCompleted(c10::IValue(result));
+    });
+    return std::make_shared<ShmWork>(std::move(future));
+  }
+
+  std::shared_ptr<Engine> engine_;
+  std::unique_ptr<Comm> fallback_;
+};
+
+// The rendezvous of the segment (Note [Shared-memory all-reduce]): rank 0 creates it and
+// publishes its name; every other rank maps it and says so; once all have, rank 0
+// unlinks the name, so that nothing is left in /dev/shm whatever happens next. A
+// failure anywhere is published instead, so that every rank learns it.
+constexpr const char* kSegmentKey = "ddp/shm/segment";
+std::string mapped_key(int rank) { return "ddp/shm/mapped/" + std::to_string(rank); }
+
+std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const ShmSetup& setup,
+                                                  const std::vector<std::string>& keys) {
+  KeyWait got = wait_for_keys(
+      setup.store_try_get, keys, c.timeout,
+      [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+        return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
+               std::to_string(waited.count()) + " s for " + std::to_string(missing.size()) +
+               " rank(s) to map the shared memory segment";
+      });
+  if (!got.complete()) {
+    std::vector<int> ranks;
+    for (size_t i : got.missing) ranks.push_back(static_cast<int>(i));
+    throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
+                       " timed out after " + std::to_string(c.timeout.count()) +
+                       " ms setting up the shared-memory backend: " + keys[got.missing[0]] +
+                       " never came. A rank exited or stopped during init_process_group.");
+  }
+  return got.values;
+}
+
+}  // namespace
+
+size_t shm_slice_bytes() {
+  const auto v = env_int("DDP_SHM_SLICE_BYTES");
+  return v && *v > 0 ? static_cast<size_t>(*v) : size_t(1) << 20;
+}
+
+std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,
+                                    std::string* why_not) {
+  shm::Options o;
+  o.rank = config.rank;
+  o.world_size = config.world_size;
+  o.timeout = config.timeout;
+  o.slice_bytes = shm_slice_bytes();
+
+  std::unique_ptr<shm::Transport> transport;
+  std::string failure;
+  if (config.rank == 0) {
+    try {
+      transport = shm::Transport::create(shm::Transport::unique_name(), o);
+      setup.store_set(kSegmentKey, transport->name());
+    } catch (const shm::Error& e) {
+      failure = std::string("rank 0: ") + e.what();
+      setup.store_set(kSegmentKey, "!" + failure);
+    }
+  } else {
+    const std::string name = *wait_keys(config, setup, {kSegmentKey})[0];
+    if (name.rfind('!', 0) == 0) {
+      failure = name.substr(1);
+    } else {
+      try {
+        transport = shm::Transport::open(name, o);
+        setup.store_set(mapped_key(config.rank), "ok");
+      } catch (const shm::Error& e) {
+        failure = "rank " + std::to_string(config.rank) + ": " + e.what();
+        setup.store_set(mapped_key(config.rank), "!" + failure);
+      }
+    }
+  }
+  if (failure.empty()) {
+    // Every rank learns whether every other rank mapped the segment.
+    std::vector<std::string> keys;
+    for (int r = 1; r < config.world_size; ++r) keys.push_back(mapped_key(r));
+    for (const auto& v : wait_keys(config, setup, keys)) {
+      if (v->rfind('!', 0) == 0) {
+        failure = v->substr(1);
+        break;
+      }
+    }
+  }
+  if (transport) transport->unlink();  // rank 0: every rank has mapped it, or never will
+  if (!failure.empty()) {
+    *why_not = failure;
+    return nullptr;
+  }
+  for (int r = 0; r < config.world_size; ++r) {
+    const HostIdentity& peer = setup.identities[static_cast<size_t>(r)];
+    if (r != config.rank &&
+        same_pid_namespace(peer, setup.identities[static_cast<size_t>(config.rank)])) {
+      transport->set_peer_pid(r, peer.pid);
+    }
+  }
+  CommConfig c = config;
+  c.backend = "shm";
+  return std::make_unique<ShmComm>(std::move(c), std::move(transport), setup.make_fallback());
+}
+
+}  // namespace detail
+}  // namespace ddp

@@ -1,0 +1,718 @@
+#include "core/shm_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <random>
+#include <sstream>
+#include <type_traits>
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace ddp {
+namespace detail {
+namespace shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x31306d6873706464ull;  // "ddpshm01"
+constexpr size_t kPage = 4096;
+constexpr size_t kLine = 64;
+// How long a wait spins before it sleeps in the kernel: long enough to catch a peer
+// that is a few microseconds behind, short enough not to take a core from backward.
+constexpr auto kSpin = std::chrono::microseconds(30);
+// The longest single sleep: deadlines, aborts and dead peers are noticed this often.
+constexpr auto kNap = std::chrono::milliseconds(20);
+// How often a waiting rank asks whether its peer's process still exists.
+constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+
+// Shared by every rank. Only std::atomic members are written after creation.
+struct alignas(kLine) Header {
+  uint64_t magic;
+  uint32_t world_size;
+  uint32_t reserved;
+  uint64_t slice_bytes;
+  uint64_t total_bytes;
+  std::atomic<int32_t> abort_rank;  // -1, or the first rank that failed
+};
+
+struct alignas(kLine) Control {
+  std::atomic<uint32_t> seq;      // phases this rank has published
+  std::atomic<uint32_t> waiters;  // peers asleep on seq
+  // The collective whose first slice is in slot s: kind, dtype, op and root, and its
+  // size. Per slot, because a rank that finished a barrier may already describe its next
+  // collective while a peer still checks the barrier's.
+  std::atomic<uint64_t> call[2];
+  std::atomic<uint64_t> bytes[2];
+};
+
+static_assert(sizeof(Header) <= kLine && sizeof(Control) == kLine, "one cache line each");
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free (address-free across processes)");
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t data_offset(int world_size) {
+  return round_up(kLine + kLine * static_cast<size_t>(world_size), kPage);
+}
+
+size_t rounded_slice(size_t slice_bytes) { return round_up(std::max<size_t>(slice_bytes, 1), kPage); }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Futexes on a MAP_SHARED mapping: the non-private operations, which key on the page.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+bool reached(uint32_t seq, uint32_t target) { return static_cast<int32_t>(seq - target) >= 0; }
+
+// Whether process `pid` is gone: no such process, or a zombie not yet reaped.
+bool process_gone(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// ---- Reduction kernels ---------------------------------------------------------------
+//
+// float16 and bfloat16 are reduced in float32 and rounded once (round to nearest even),
+// with the conversions of the FP16 library (as in c10).
+
+float bits_to_float(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, sizeof(f));
+  return f;
+}
+
+uint32_t float_to_bits(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, sizeof(w));
+  return w;
+}
+
+struct Half {
+  using Acc = float;
+  static float load(uint16_t h) {
+    const uint32_t w = static_cast<uint32_t>(h) << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const float normalized = bits_to_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+    const uint32_t result =
+        sign | (two_w < (1u << 27) ? float_to_bits(denormalized) : float_to_bits(normalized));
+    return bits_to_float(result);
+  }
+  static uint16_t store(float f) {
+    float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = float_to_bits(f);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_to_float((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = float_to_bits(base);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    const uint32_t mantissa_bits = bits & 0x00000FFFu;
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  }
+};
+
+struct BFloat16 {
+  using Acc = float;
+  static float load(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+  static uint16_t store(float f) {
+    if (std::isnan(f)) return 0x7FC0;
+    const uint32_t u = float_to_bits(f);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+template <typename T>
+struct Same {
+  using Acc = T;
+  static T load(T v) { return v; }
+  static T store(T v) { return v; }
+};
+
+template <typename T>
+T sum(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {  // wraps, as two's complement hardware does
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+// NaN wins, as in torch.maximum / torch.minimum.
+template <typename T>
+T max_of(T a, T b) {
+  return (a > b || a != a) ? a : b;
+}
+template <typename T>
+T min_of(T a, T b) {
+  return (a < b || a != a) ? a : b;
+}
+
+// out[i] = in[0][i] (+) in[1][i] (+) ... (+) in[n-1][i], in that order, for i in
+// [begin, end). Accumulates a block at a time in a local array that stays in L1, so
+// each pass is a plain loop the compiler vectorizes.
+template <typename T, typename Cv, typename F>
+void reduce_range(void* out_v, const void* const* in_v, int n, size_t begin, size_t end, F f) {
+  using Acc = typename Cv::Acc;
+  constexpr size_t kBlock = 1024;
+  Acc acc[kBlock];
+  T* out = static_cast<T*>(out_v);
+  for (size_t b = begin; b < end; b += kBlock) {
+    const size_t m = std::min(kBlock, end - b);
+    const T* s0 = static_cast<const T*>(in_v[0]) + b;
+    for (size_t i = 0; i < m; ++i) acc[i] = Cv::load(s0[i]);
+    for (int k = 1; k < n; ++k) {
+      const T* s = static_cast<const T*>(in_v[k]) + b;
+      for (size_t i = 0; i < m; ++i) acc[i] = f(acc[i], Cv::load(s[i]));
+    }
+    for (size_t i = 0; i < m; ++i) out[b + i] = Cv::store(acc[i]);
+  }
+}
+
+template <typename T, typename Cv>
+void reduce_typed(Op op, void* out, const void* const* in, int n, size_t begin, size_t end) {
+  using Acc = typename Cv::Acc;
+  switch (op) {
+    case Op::kSum:
+      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return sum(a, b); });
+    case Op::kMax:
+      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return max_of(a, b); });
+    case Op::kMin:
+      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return min_of(a, b); });
+  }
+}
+
+void reduce(DType dtype, Op op, void* out, const void* const* in, int n, size_t begin,
+            size_t end) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return reduce_typed<float, Same<float>>(op, out, in, n, begin, end);
+    case DType::kFloat64:
+      return reduce_typed<double, Same<double>>(op, out, in, n, begin, end);
+    case DType::kFloat16:
+      return reduce_typed<uint16_t, Half>(op, out, in, n, begin, end);
+    case DType::kBFloat16:
+      return reduce_typed<uint16_t, BFloat16>(op, out, in, n, begin, end);
+    case DType::kInt32:
+      return reduce_typed<int32_t, Same<int32_t>>(op, out, in, n, begin, end);
+    case DType::kInt64:
+      return reduce_typed<int64_t, Same<int64_t>>(op, out, in, n, begin, end);
+  }
+}
+
+enum class Kind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kBarrier };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+}  // namespace
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+  }
+  return "?";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kSum:
+      return "SUM";
+    case Op::kMax:
+      return "MAX";
+    case Op::kMin:
+      return "MIN";
+  }
+  return "?";
+}
+
+struct Transport::Call {
+  Kind kind = Kind::kBarrier;
+  DType dtype = DType::kFloat32;
+  Op op = Op::kSum;
+  int root = 0;
+  size_t bytes = 0;  // per rank
+  void* data = nullptr;
+  const void* input = nullptr;
+  const std::vector<void*>* outputs = nullptr;
+
+  uint64_t code() const {
+    return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
+           static_cast<uint64_t>(op) << 16 | static_cast<uint64_t>(static_cast<uint32_t>(root))
+                                                 << 32;
+  }
+  static std::string describe(uint64_t code, uint64_t bytes) {
+    const auto kind = static_cast<Kind>(code & 0xFF);
+    std::ostringstream os;
+    os << kind_name(kind);
+    if (kind == Kind::kAllReduce) {
+      os << " (" << dtype_name(static_cast<DType>((code >> 8) & 0xFF)) << ", "
+         << op_name(static_cast<Op>((code >> 16) & 0xFF)) << ", " << bytes << " bytes)";
+    } else if (kind == Kind::kBroadcast) {
+      os << " (from rank " << static_cast<int32_t>(code >> 32) << ", " << bytes << " bytes)";
+    } else if (kind == Kind::kAllGather) {
+      os << " (" << bytes << " bytes per rank)";
+    }
+    return os.str();
+  }
+};
+
+size_t segment_bytes(const Options& o) {
+  return data_offset(o.world_size) +
+         2 * (static_cast<size_t>(o.world_size) + 1) * rounded_slice(o.slice_bytes);
+}
+
+std::string Transport::unique_name() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[80];
+  std::snprintf(buf, sizeof(buf), "/ddp-%u-%d-%016llx", static_cast<unsigned>(::getuid()),
+                static_cast<int>(::getpid()), static_cast<unsigned long long>(r));
+  return buf;
+}
+
+Transport::Transport(std::string name, const Options& options, void* base, size_t bytes,
+                     bool owner)
+    : name_(std::move(name)),
+      options_(options),
+      base_(base),
+      bytes_(bytes),
+      owner_(owner),
+      linked_(owner),
+      peer_pids_(static_cast<size_t>(options.world_size), 0),
+      local_abort_(std::make_unique<std::atomic<bool>>(false)) {
+  options_.slice_bytes = rounded_slice(options.slice_bytes);
+  inputs_.resize(static_cast<size_t>(options.world_size));
+}
+
+Transport::~Transport() {
+  unlink();
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+std::unique_ptr<Transport> Transport::create(const std::string& name, const Options& options) {
+  const size_t bytes = segment_bytes(options);
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(Error::Kind::kSetup, "could not create the shared memory segment " + name +
+                                         ": " + errno_text(err));
+  }
+  auto give_up = [&](const std::string& why) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw Error(Error::Kind::kSetup, why);
+  };
+  ::fchmod(fd, 0600);  // whatever the umask: private to this user
+  // Reserve every page now: a /dev/shm too small for the segment (Docker's default is
+  // 64 MiB) fails here with a message, instead of a SIGBUS at the first touch.
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    struct statvfs vfs {};
+    std::string free_text;
+    if (::statvfs("/dev/shm", &vfs) == 0) {
+      free_text = ", and /dev/shm has " + mib(static_cast<size_t>(vfs.f_bavail) * vfs.f_frsize) +
+                  " free";
+    }
+    give_up("could not reserve " + mib(bytes) + " for the shared memory segment " + name + " (" +
+            errno_text(err) + ")" + free_text +
+            ". Enlarge /dev/shm (in Docker: --shm-size=1g), or use backend \"gloo\".");
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) give_up("could not map " + name + ": " + errno_text(errno));
+  ::close(fd);
+  std::unique_ptr<Transport> t(new Transport(name, options, base, bytes, /*owner=*/true));
+  t->init_header();
+  return t;
+}
+
+std::unique_ptr<Transport> Transport::open(const std::string& name, const Options& options) {
+  const size_t bytes = segment_bytes(options);
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(Error::Kind::kSetup,
+                "could not open the shared memory segment " + name + " that rank 0 created: " +
+                    errno_text(err) +
+                    ". The ranks must share one host and one /dev/shm (and one user).");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    ::close(fd);
+    throw Error(Error::Kind::kSetup, "the shared memory segment " + name + " has " +
+                                         std::to_string(st.st_size) + " bytes, but this rank expects " +
+                                         std::to_string(bytes) +
+                                         ": the ranks disagree on the world size or the slice "
+                                         "size (DDP_SHM_SLICE_BYTES).");
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    throw Error(Error::Kind::kSetup, "could not map " + name + ": " + errno_text(err));
+  }
+  std::unique_ptr<Transport> t(new Transport(name, options, base, bytes, /*owner=*/false));
+  const auto* h = static_cast<const Header*>(base);
+  if (h->magic != kMagic || h->world_size != static_cast<uint32_t>(options.world_size)) {
+    throw Error(Error::Kind::kSetup, "the shared memory segment " + name +
+                                         " was not made by this version for " +
+                                         std::to_string(options.world_size) + " ranks.");
+  }
+  return t;
+}
+
+void Transport::init_header() {
+  auto* h = new (base_) Header;
+  h->magic = kMagic;
+  h->world_size = static_cast<uint32_t>(options_.world_size);
+  h->reserved = 0;
+  h->slice_bytes = options_.slice_bytes;
+  h->total_bytes = bytes_;
+  h->abort_rank.store(-1, std::memory_order_relaxed);
+  for (int r = 0; r < options_.world_size; ++r) {
+    auto* c = new (static_cast<unsigned char*>(base_) + kLine * (1 + static_cast<size_t>(r)))
+        Control;
+    c->seq.store(0, std::memory_order_relaxed);
+    c->waiters.store(0, std::memory_order_relaxed);
+    for (int s = 0; s < 2; ++s) {
+      c->call[s].store(0, std::memory_order_relaxed);
+      c->bytes[s].store(0, std::memory_order_relaxed);
+    }
+  }
+  // Published to the other ranks by the store (their shm_open follows rank 0's set).
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void Transport::unlink() {
+  if (owner_ && linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+void Transport::set_peer_pid(int peer, int64_t pid) {
+  peer_pids_.at(static_cast<size_t>(peer)) = pid;
+}
+
+namespace {
+Header& header_of(void* base) { return *static_cast<Header*>(base); }
+Control& control_of(void* base, int rank) {
+  return *reinterpret_cast<Control*>(static_cast<unsigned char*>(base) +
+                                     kLine * (1 + static_cast<size_t>(rank)));
+}
+}  // namespace
+
+unsigned char* Transport::input_area(int slot, int rank) const {
+  const size_t n = static_cast<size_t>(options_.world_size);
+  return static_cast<unsigned char*>(base_) + data_offset(options_.world_size) +
+         (static_cast<size_t>(slot) * (n + 1) + static_cast<size_t>(rank)) * options_.slice_bytes;
+}
+
+unsigned char* Transport::result_area(int slot) const { return input_area(slot, options_.world_size); }
+
+void Transport::abort(bool local_only) {
+  local_abort_->store(true, std::memory_order_release);
+  if (!local_only) {
+    int32_t none = -1;
+    header_of(base_).abort_rank.compare_exchange_strong(none, options_.rank,
+                                                        std::memory_order_acq_rel);
+  }
+  for (int r = 0; r < options_.world_size; ++r) futex_wake_all(&control_of(base_, r).seq);
+}
+
+void Transport::fail(Error::Kind kind, const std::string& message) {
+  // Stop the peers too, unless this failure is already their doing.
+  if (kind != Error::Kind::kAborted) abort();
+  throw Error(kind, message);
+}
+
+void Transport::publish() {
+  Control& c = control_of(base_, options_.rank);
+  ++step_;
+  // seq_cst store then seq_cst load of waiters, against the waiter's seq_cst increment
+  // of waiters then load of seq: one of the two sees the other, so no wake-up is lost.
+  c.seq.store(step_, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&c.seq);
+}
+
+void Transport::wait_one(int peer, uint32_t target, const Call& call, const char* phase) {
+  Control& c = control_of(base_, peer);
+  if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  const auto spin_end = Clock::now() + kSpin;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+    }
+  } while (Clock::now() < spin_end);
+
+  auto next_liveness = Clock::now();
+  for (;;) {
+    const auto now = Clock::now();
+    if (local_abort_->load(std::memory_order_acquire)) {
+      fail(Error::Kind::kAborted, "this process group was shut down while " +
+                                      Call::describe(call.code(), call.bytes) +
+                                      " was still waiting for rank " + std::to_string(peer));
+    }
+    const int32_t aborted_by = header_of(base_).abort_rank.load(std::memory_order_acquire);
+    if (aborted_by >= 0 && aborted_by != options_.rank) {
+      fail(Error::Kind::kAborted,
+           "rank " + std::to_string(aborted_by) +
+               " failed first and stopped the group's shared-memory collectives, while this "
+               "rank was in " +
+               Call::describe(call.code(), call.bytes) + " (see rank " +
+               std::to_string(aborted_by) + "'s error for the cause)");
+    }
+    if (now >= deadline_) {
+      fail(Error::Kind::kTimeout,
+           Call::describe(call.code(), call.bytes) + " timed out after " +
+               std::to_string(options_.timeout.count()) + " ms waiting for rank " +
+               std::to_string(peer) + " (phase " + phase + "): rank " + std::to_string(peer) +
+               " did not take part in time. Check that every rank is alive and calls the same "
+               "collectives in the same order, or raise the timeout");
+    }
+    const int64_t pid = peer_pids_[static_cast<size_t>(peer)];
+    if (pid > 0 && now >= next_liveness) {
+      next_liveness = now + kLivenessEvery;
+      if (process_gone(pid)) {
+        fail(Error::Kind::kPeerGone, "rank " + std::to_string(peer) + " (pid " +
+                                         std::to_string(pid) + ") has exited while this rank was in " +
+                                         Call::describe(call.code(), call.bytes) +
+                                         "; the group is broken");
+      }
+    }
+    c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = c.seq.load(std::memory_order_seq_cst);
+    if (!reached(seen, target)) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now);
+      futex_wait(&c.seq, seen, std::min<std::chrono::nanoseconds>(kNap, std::max(left, std::chrono::nanoseconds(1000))));
+    }
+    c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(c.seq.load(std::memory_order_acquire), target)) return;
+  }
+}
+
+void Transport::wait_all(uint32_t target, const Call& call, const char* phase) {
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r != options_.rank) wait_one(r, target, call, phase);
+  }
+}
+
+void Transport::check_same_call(const Call& call, int slot) {
+  const uint64_t code = call.code();
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r == options_.rank) continue;
+    Control& c = control_of(base_, r);
+    const uint64_t theirs = c.call[slot].load(std::memory_order_relaxed);
+    const uint64_t their_bytes = c.bytes[slot].load(std::memory_order_relaxed);
+    if (theirs != code || their_bytes != call.bytes) {
+      fail(Error::Kind::kMismatch,
+           "the ranks called different collectives: this rank called " +
+               Call::describe(code, call.bytes) + ", but rank " + std::to_string(r) + " called " +
+               Call::describe(theirs, their_bytes) +
+               ". Every rank must call the same collectives, in the same order, with the same "
+               "sizes");
+    }
+  }
+}
+
+void Transport::run(const Call& call) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t slice = options_.slice_bytes;
+  const size_t esize = call.kind == Kind::kAllReduce ? dtype_size(call.dtype) : 1;
+  // all_reduce slices hold whole elements; the partitions of a slice are whole cache lines.
+  const size_t per_slice = call.kind == Kind::kAllReduce ? slice / esize * esize : slice;
+  const size_t slices = std::max<size_t>(1, (call.bytes + per_slice - 1) / per_slice);
+  deadline_ = Clock::now() + options_.timeout;
+  if (local_abort_->load(std::memory_order_acquire)) {
+    throw Error(Error::Kind::kAborted, "this process group was shut down");
+  }
+  const int32_t aborted_by = header_of(base_).abort_rank.load(std::memory_order_acquire);
+  if (aborted_by >= 0) {
+    throw Error(Error::Kind::kAborted,
+                "an earlier collective of this group failed (rank " + std::to_string(aborted_by) +
+                    " stopped it); the group is broken");
+  }
+
+  Control& mine = control_of(base_, me);
+  for (size_t s = 0; s < slices; ++s, ++slices_) {
+    const int slot = static_cast<int>(slices_ & 1);
+    const size_t offset = s * per_slice;
+    const size_t len = std::min(per_slice, call.bytes - std::min(call.bytes, offset));
+    // The slot is free once every rank has copied out the slice that used it last.
+    if (slices_ >= 2) wait_all(step_ - 3, call, "slot reuse");
+
+    // A: this rank's bytes in.
+    if (s == 0) {
+      mine.call[slot].store(call.code(), std::memory_order_relaxed);
+      mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
+    }
+    unsigned char* my_in = input_area(slot, me);
+    if (call.kind == Kind::kAllReduce) {
+      std::memcpy(my_in, static_cast<const unsigned char*>(call.data) + offset, len);
+    } else if (call.kind == Kind::kBroadcast && me == call.root) {
+      std::memcpy(my_in, static_cast<const unsigned char*>(call.data) + offset, len);
+    } else if (call.kind == Kind::kAllGather) {
+      std::memcpy(my_in, static_cast<const unsigned char*>(call.input) + offset, len);
+    }
+    publish();
+    wait_all(step_, call, "A");
+    if (s == 0) check_same_call(call, slot);
+
+    // B: this rank's partition reduced, in rank order.
+    if (call.kind == Kind::kAllReduce) {
+      const size_t elems = len / esize;
+      const size_t line = std::max<size_t>(1, kLine / esize);
+      const size_t chunk = round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
+      const size_t begin = std::min(elems, chunk * static_cast<size_t>(me));
+      const size_t end = std::min(elems, begin + chunk);
+      if (begin < end) {
+        for (int r = 0; r < n; ++r) inputs_[static_cast<size_t>(r)] = input_area(slot, r);
+        reduce(call.dtype, call.op, result_area(slot), inputs_.data(), n, begin, end);
+      }
+      publish();
+      wait_all(step_, call, "B");
+    } else {
+      publish();
+    }
+
+    // C: the result out.
+    if (call.kind == Kind::kAllReduce) {
+      std::memcpy(static_cast<unsigned char*>(call.data) + offset, result_area(slot), len);
+    } else if (call.kind == Kind::kBroadcast && me != call.root) {
+      std::memcpy(static_cast<unsigned char*>(call.data) + offset, input_area(slot, call.root), len);
+    } else if (call.kind == Kind::kAllGather) {
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(static_cast<unsigned char*>((*call.outputs)[static_cast<size_t>(r)]) + offset,
+                    input_area(slot, r), len);
+      }
+    }
+    publish();
+  }
+}
+
+void Transport::all_reduce(void* data, size_t count, DType dtype, Op op) {
+  Call call;
+  call.kind = Kind::kAllReduce;
+  call.dtype = dtype;
+  call.op = op;
+  call.bytes = count * dtype_size(dtype);
+  call.data = data;
+  run(call);
+}
+
+void Transport::broadcast(void* data, size_t bytes, int root) {
+  Call call;
+  call.kind = Kind::kBroadcast;
+  call.root = root;
+  call.bytes = bytes;
+  call.data = data;
+  run(call);
+}
+
+void Transport::all_gather(const void* input, size_t bytes, const std::vector<void*>& outputs) {
+  Call call;
+  call.kind = Kind::kAllGather;
+  call.bytes = bytes;
+  call.input = input;
+  call.outputs = &outputs;
+  run(call);
+}
+
+void Transport::barrier() {
+  Call call;
+  call.kind = Kind::kBarrier;
+  run(call);
+}
+
+}  // namespace shm
+}  // namespace detail
+}  // namespace ddp

@@ -1,0 +1,148 @@
+#pragma once
+
+// The shared-memory transport for ranks on one host (docs/shm.md). Plain C++ and POSIX,
+// no LibTorch: buffers are raw bytes, dtypes a small enum. shm_comm.cpp puts the
+// Comm interface (tensors, works, futures) on top.
+//
+// Note [Shared-memory all-reduce]
+// One segment per group, made by rank 0 and mapped by every rank:
+//
+//   header | control block per rank | 2 slots x (one input area per rank + one result area)
+//
+// A collective moves through the slots slice by slice (at most slice_bytes per rank per
+// slice), alternating slots, so that a rank may fill slot 1 while a slower one still
+// reads slot 0. For each slice, each rank r:
+//   A. copies its slice into its input area of the slot, and publishes A;
+//   B. once every rank has published A, reduces partition r of the slice over the input
+//      areas of ranks 0, 1, ..., n-1, in that order, into the result area, and
+//      publishes B;
+//   C. once every rank has published B, copies the whole result area out, and
+//      publishes C.
+// A slot is filled again only after every rank published C for its previous slice. Each
+// element is reduced by exactly one rank, always in rank order, so every rank ends with
+// the same bits, run after run (Note [Summation order] in docs/shm.md).
+//
+// Publishing is one counter per rank, increased by one per phase (release), which the
+// others wait for (acquire): a short spin, then a futex wait with a short timeout,
+// checking between waits the group's deadline, an abort flag that any failing rank
+// raises, and whether the peer's process still exists. So a dead or stuck peer ends in
+// an error within the timeout, never a hang.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp {
+namespace detail {
+namespace shm {
+
+enum class DType : uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
+enum class Op : uint8_t { kSum, kMax, kMin };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+const char* op_name(Op op);
+
+/// Why a collective failed. kTimeout: the deadline passed; kPeerGone: a peer's process
+/// no longer exists; kAborted: another rank failed first (or this group was shut down);
+/// kMismatch: the ranks called different collectives; kSetup: the segment could not be
+/// made or mapped.
+class Error : public std::runtime_error {
+ public:
+  enum class Kind { kTimeout, kPeerGone, kAborted, kMismatch, kSetup };
+  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+struct Options {
+  int rank = 0;
+  int world_size = 1;
+  /// Bytes per rank per slice (rounded up to 4 KiB). The segment holds
+  /// 2 * (world_size + 1) slices.
+  size_t slice_bytes = size_t(1) << 20;
+  /// Each collective fails with kTimeout after waiting this long for its peers.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+/// Bytes of the segment for `options`.
+size_t segment_bytes(const Options& options);
+
+class Transport {
+ public:
+  /// Rank 0: creates a segment named `name` ("/ddp-..."), private to this user (0600),
+  /// with all its pages reserved, so that a full /dev/shm is an error here and not a
+  /// SIGBUS later. Throws Error(kSetup) saying why.
+  static std::unique_ptr<Transport> create(const std::string& name, const Options& options);
+  /// The other ranks: maps the segment rank 0 created. Throws Error(kSetup).
+  static std::unique_ptr<Transport> open(const std::string& name, const Options& options);
+  /// A fresh run-unique name: "/ddp-<uid>-<pid>-<16 random hex digits>".
+  static std::string unique_name();
+
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  /// Removes the name from /dev/shm (rank 0, once every rank has mapped the segment); the
+  /// memory lives on until the last rank unmaps it. Idempotent.
+  void unlink();
+  /// Records `pid` as rank `peer`'s process, checked while waiting for it; 0 or a pid of
+  /// another pid namespace: not checked (the timeout still holds).
+  void set_peer_pid(int peer, int64_t pid);
+
+  /// In place over `count` elements at `data`.
+  void all_reduce(void* data, size_t count, DType dtype, Op op);
+  /// In place: every rank ends with root's `bytes` bytes.
+  void broadcast(void* data, size_t bytes, int root);
+  /// outputs[r] receives rank r's `bytes` bytes from `input`.
+  void all_gather(const void* input, size_t bytes, const std::vector<void*>& outputs);
+  void barrier();
+
+  /// Makes every wait of every rank of this group fail with kAborted (set after a
+  /// failure, so that peers stop at once instead of at their timeout). `local_only`:
+  /// only this process's waits (shutdown).
+  void abort(bool local_only = false);
+
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Layout;
+  Transport(std::string name, const Options& options, void* base, size_t bytes, bool owner);
+  void init_header();
+  struct Call;
+  void run(const Call& call);
+  void publish();
+  void wait_all(uint32_t target, const Call& call, const char* phase);
+  void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
+  void check_same_call(const Call& call, int slot);
+  [[noreturn]] void fail(Error::Kind kind, const std::string& message);
+  unsigned char* input_area(int slot, int rank) const;
+  unsigned char* result_area(int slot) const;
+
+  std::string name_;
+  Options options_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  bool owner_ = false;
+  bool linked_ = false;
+  uint32_t step_ = 0;        // phases published by this rank so far
+  uint64_t slices_ = 0;      // slices run so far (selects the slot)
+  std::vector<int64_t> peer_pids_;
+  std::vector<const void*> inputs_;  // one per rank, reused by every reduction
+  std::chrono::steady_clock::time_point deadline_;
+  // abort(local_only): read by this rank's waits only.
+  std::unique_ptr<std::atomic<bool>> local_abort_;
+};
+
+}  // namespace shm
+}  // namespace detail
+}  // namespace ddp

@@ -40,8 +40,8 @@ HostIdentity local_host_identity() {
 
 std::string encode(const HostIdentity& id) {
   std::ostringstream os;
-  os << "host-v1 " << field(id.hostname) << ' ' << field(id.boot_id) << ' ' << id.shm_device
-     << ' ' << id.shm_inode << ' ' << id.pid_namespace << ' ' << id.pid;
+  os << "host-v1 " << field(id.hostname) << ' ' << field(id.boot_id) << ' ' << id.shm_device << ' '
+     << id.shm_inode << ' ' << id.pid_namespace << ' ' << id.pid;
   return os.str();
 }
 
@@ -49,8 +49,7 @@ bool decode(const std::string& text, HostIdentity& out) {
   std::istringstream in(text);
   std::string tag, host, boot;
   HostIdentity id;
-  if (!(in >> tag >> host >> boot >> id.shm_device >> id.shm_inode >> id.pid_namespace >>
-        id.pid) ||
+  if (!(in >> tag >> host >> boot >> id.shm_device >> id.shm_inode >> id.pid_namespace >> id.pid) ||
       tag != "host-v1") {
     return false;
   }

@@ -17,10 +17,10 @@ namespace detail {
 
 struct HostIdentity {
   std::string hostname;
-  std::string boot_id;        // /proc/sys/kernel/random/boot_id
-  uint64_t shm_device = 0;    // stat("/dev/shm").st_dev; 0 when there is none
-  uint64_t shm_inode = 0;     // stat("/dev/shm").st_ino
-  uint64_t pid_namespace = 0; // stat("/proc/self/ns/pid").st_ino; 0 when unknown
+  std::string boot_id;         // /proc/sys/kernel/random/boot_id
+  uint64_t shm_device = 0;     // stat("/dev/shm").st_dev; 0 when there is none
+  uint64_t shm_inode = 0;      // stat("/dev/shm").st_ino
+  uint64_t pid_namespace = 0;  // stat("/proc/self/ns/pid").st_ino; 0 when unknown
   int64_t pid = 0;
 };
 

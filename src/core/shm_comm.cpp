@@ -72,9 +72,9 @@ std::exception_ptr collective_error(const shm::Error& e, const CommConfig& c,
       return std::make_exception_ptr(
           MismatchError(head + ": " + e.what() + ". The process group is broken; destroy it."));
     default:
-      return std::make_exception_ptr(ProcessGroupError(
-          head + " failed: " + e.what() +
-          ". The process group is broken; destroy it and create a new one."));
+      return std::make_exception_ptr(
+          ProcessGroupError(head + " failed: " + e.what() +
+                            ". The process group is broken; destroy it and create a new one."));
   }
 }
 
@@ -182,8 +182,8 @@ class ShmComm final : public Comm {
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
     check_devices("broadcast", tensors);
     DDP_CHECK(src >= 0 && src < config_->world_size, "broadcast on ", where(*config_),
-              ": source rank ", src, " is not a rank of this group (0..",
-              config_->world_size - 1, ").");
+              ": source rank ", src, " is not a rank of this group (0..", config_->world_size - 1,
+              ").");
     if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].is_cpu()) {
       return fallback().broadcast(tensors, src);
     }
@@ -267,9 +267,9 @@ class ShmComm final : public Comm {
         future->setError(collective_error(e, *config, name));
         return;
       } catch (const std::exception& e) {
-        future->setError(std::make_exception_ptr(ProcessGroupError(
-            name + " on " + where(*config) + " failed: " + cause_text(e) +
-            ". The process group is broken; destroy it and create a new one.")));
+        future->setError(std::make_exception_ptr(
+            ProcessGroupError(name + " on " + where(*config) + " failed: " + cause_text(e) +
+                              ". The process group is broken; destroy it and create a new one.")));
         return;
       }
       future->markCompleted(c10::IValue(result));
@@ -290,13 +290,13 @@ std::string mapped_key(int rank) { return "ddp/shm/mapped/" + std::to_string(ran
 
 std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const ShmSetup& setup,
                                                   const std::vector<std::string>& keys) {
-  KeyWait got = wait_for_keys(
-      setup.store_try_get, keys, c.timeout,
-      [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-        return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
-               std::to_string(waited.count()) + " s for " + std::to_string(missing.size()) +
-               " rank(s) to map the shared memory segment";
-      });
+  KeyWait got = wait_for_keys(setup.store_try_get, keys, c.timeout,
+                              [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+                                return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
+                                       std::to_string(waited.count()) + " s for " +
+                                       std::to_string(missing.size()) +
+                                       " rank(s) to map the shared memory segment";
+                              });
   if (!got.complete()) {
     std::vector<int> ranks;
     for (size_t i : got.missing) ranks.push_back(static_cast<int>(i));
@@ -372,7 +372,11 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   }
   CommConfig c = config;
   c.backend = "shm";
-  return std::make_unique<ShmComm>(std::move(c), std::move(transport), setup.make_fallback());
+  auto comm = std::make_unique<ShmComm>(std::move(c), std::move(transport), setup.make_fallback());
+  // No rank returns before every rank has its Gloo group too: one that released its
+  // group at once would otherwise break a peer still connecting to it.
+  comm->barrier();
+  return comm;
 }
 
 }  // namespace detail

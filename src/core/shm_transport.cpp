@@ -51,7 +51,8 @@ struct alignas(kLine) Header {
   uint32_t reserved;
   uint64_t slice_bytes;
   uint64_t total_bytes;
-  std::atomic<int32_t> abort_rank;  // -1, or the first rank that failed
+  // 0, or who failed first and why (abort_word below): set once, by compare-exchange.
+  std::atomic<uint64_t> abort;
 };
 
 struct alignas(kLine) Control {
@@ -65,7 +66,8 @@ struct alignas(kLine) Control {
 };
 
 static_assert(sizeof(Header) <= kLine && sizeof(Control) == kLine, "one cache line each");
-static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+static_assert(std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free (address-free across processes)");
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -74,7 +76,9 @@ size_t data_offset(int world_size) {
   return round_up(kLine + kLine * static_cast<size_t>(world_size), kPage);
 }
 
-size_t rounded_slice(size_t slice_bytes) { return round_up(std::max<size_t>(slice_bytes, 1), kPage); }
+size_t rounded_slice(size_t slice_bytes) {
+  return round_up(std::max<size_t>(slice_bytes, 1), kPage);
+}
 
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -93,8 +97,7 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nan
 }
 
 void futex_wake_all(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-            0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 bool reached(uint32_t seq, uint32_t target) { return static_cast<int32_t>(seq - target) >= 0; }
@@ -233,8 +236,7 @@ void reduce_typed(Op op, void* out, const void* const* in, int n, size_t begin, 
   }
 }
 
-void reduce(DType dtype, Op op, void* out, const void* const* in, int n, size_t begin,
-            size_t end) {
+void reduce(DType dtype, Op op, void* out, const void* const* in, int n, size_t begin, size_t end) {
   switch (dtype) {
     case DType::kFloat32:
       return reduce_typed<float, Same<float>>(op, out, in, n, begin, end);
@@ -326,8 +328,8 @@ struct Transport::Call {
 
   uint64_t code() const {
     return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
-           static_cast<uint64_t>(op) << 16 | static_cast<uint64_t>(static_cast<uint32_t>(root))
-                                                 << 32;
+           static_cast<uint64_t>(op) << 16 |
+           static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
   }
   static std::string describe(uint64_t code, uint64_t bytes) {
     const auto kind = static_cast<Kind>(code & 0xFF);
@@ -359,8 +361,7 @@ std::string Transport::unique_name() {
   return buf;
 }
 
-Transport::Transport(std::string name, const Options& options, void* base, size_t bytes,
-                     bool owner)
+Transport::Transport(std::string name, const Options& options, void* base, size_t bytes, bool owner)
     : name_(std::move(name)),
       options_(options),
       base_(base),
@@ -383,8 +384,8 @@ std::unique_ptr<Transport> Transport::create(const std::string& name, const Opti
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     const int err = errno;
-    throw Error(Error::Kind::kSetup, "could not create the shared memory segment " + name +
-                                         ": " + errno_text(err));
+    throw Error(Error::Kind::kSetup,
+                "could not create the shared memory segment " + name + ": " + errno_text(err));
   }
   auto give_up = [&](const std::string& why) {
     ::close(fd);
@@ -398,8 +399,8 @@ std::unique_ptr<Transport> Transport::create(const std::string& name, const Opti
     struct statvfs vfs {};
     std::string free_text;
     if (::statvfs("/dev/shm", &vfs) == 0) {
-      free_text = ", and /dev/shm has " + mib(static_cast<size_t>(vfs.f_bavail) * vfs.f_frsize) +
-                  " free";
+      free_text =
+          ", and /dev/shm has " + mib(static_cast<size_t>(vfs.f_bavail) * vfs.f_frsize) + " free";
     }
     give_up("could not reserve " + mib(bytes) + " for the shared memory segment " + name + " (" +
             errno_text(err) + ")" + free_text +
@@ -419,16 +420,16 @@ std::unique_ptr<Transport> Transport::open(const std::string& name, const Option
   if (fd < 0) {
     const int err = errno;
     throw Error(Error::Kind::kSetup,
-                "could not open the shared memory segment " + name + " that rank 0 created: " +
-                    errno_text(err) +
+                "could not open the shared memory segment " + name +
+                    " that rank 0 created: " + errno_text(err) +
                     ". The ranks must share one host and one /dev/shm (and one user).");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     ::close(fd);
     throw Error(Error::Kind::kSetup, "the shared memory segment " + name + " has " +
-                                         std::to_string(st.st_size) + " bytes, but this rank expects " +
-                                         std::to_string(bytes) +
+                                         std::to_string(st.st_size) +
+                                         " bytes, but this rank expects " + std::to_string(bytes) +
                                          ": the ranks disagree on the world size or the slice "
                                          "size (DDP_SHM_SLICE_BYTES).");
   }
@@ -455,10 +456,10 @@ void Transport::init_header() {
   h->reserved = 0;
   h->slice_bytes = options_.slice_bytes;
   h->total_bytes = bytes_;
-  h->abort_rank.store(-1, std::memory_order_relaxed);
+  h->abort.store(0, std::memory_order_relaxed);
   for (int r = 0; r < options_.world_size; ++r) {
-    auto* c = new (static_cast<unsigned char*>(base_) + kLine * (1 + static_cast<size_t>(r)))
-        Control;
+    auto* c =
+        new (static_cast<unsigned char*>(base_) + kLine * (1 + static_cast<size_t>(r))) Control;
     c->seq.store(0, std::memory_order_relaxed);
     c->waiters.store(0, std::memory_order_relaxed);
     for (int s = 0; s < 2; ++s) {
@@ -495,21 +496,56 @@ unsigned char* Transport::input_area(int slot, int rank) const {
          (static_cast<size_t>(slot) * (n + 1) + static_cast<size_t>(rank)) * options_.slice_bytes;
 }
 
-unsigned char* Transport::result_area(int slot) const { return input_area(slot, options_.world_size); }
+unsigned char* Transport::result_area(int slot) const {
+  return input_area(slot, options_.world_size);
+}
 
-void Transport::abort(bool local_only) {
+namespace {
+
+// The abort word: which rank failed first, how, and which peer it was waiting for.
+uint64_t abort_word(int rank, Error::Kind kind, int peer) {
+  return uint64_t(1) << 63 | static_cast<uint64_t>(kind) << 48 |
+         static_cast<uint64_t>((peer + 1) & 0xFFFF) << 32 | static_cast<uint32_t>(rank);
+}
+
+}  // namespace
+
+std::string Transport::abort_cause(uint64_t word) const {
+  const int rank = static_cast<int>(word & 0xFFFFFFFFu);
+  const auto kind = static_cast<Error::Kind>((word >> 48) & 0x7FFF);
+  const int peer = static_cast<int>((word >> 32) & 0xFFFF) - 1;
+  const std::string who = "rank " + std::to_string(rank);
+  const std::string p = "rank " + std::to_string(peer);
+  switch (kind) {
+    case Error::Kind::kPeerGone: {
+      const int64_t pid = peer >= 0 ? peer_pids_[static_cast<size_t>(peer)] : 0;
+      return p + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string()) +
+             " has exited (seen by " + who + ")";
+    }
+    case Error::Kind::kTimeout:
+      return who + " gave up waiting for " + p + " at its deadline";
+    case Error::Kind::kMismatch:
+      return who + " found that the ranks called different collectives";
+    default:
+      return who + " was shut down with a collective in flight";
+  }
+}
+
+void Transport::abort(bool local_only) { raise_abort(Error::Kind::kAborted, -1, local_only); }
+
+void Transport::raise_abort(Error::Kind kind, int peer, bool local_only) {
   local_abort_->store(true, std::memory_order_release);
   if (!local_only) {
-    int32_t none = -1;
-    header_of(base_).abort_rank.compare_exchange_strong(none, options_.rank,
-                                                        std::memory_order_acq_rel);
+    uint64_t none = 0;
+    header_of(base_).abort.compare_exchange_strong(none, abort_word(options_.rank, kind, peer),
+                                                   std::memory_order_acq_rel);
   }
   for (int r = 0; r < options_.world_size; ++r) futex_wake_all(&control_of(base_, r).seq);
 }
 
-void Transport::fail(Error::Kind kind, const std::string& message) {
+void Transport::fail(Error::Kind kind, const std::string& message, int peer) {
   // Stop the peers too, unless this failure is already their doing.
-  if (kind != Error::Kind::kAborted) abort();
+  if (kind != Error::Kind::kAborted) raise_abort(kind, peer, /*local_only=*/false);
   throw Error(kind, message);
 }
 
@@ -536,19 +572,16 @@ void Transport::wait_one(int peer, uint32_t target, const Call& call, const char
   auto next_liveness = Clock::now();
   for (;;) {
     const auto now = Clock::now();
+    const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire);
+    if (aborted != 0) {
+      fail(Error::Kind::kAborted, "the group was stopped while this rank was in " +
+                                      Call::describe(call.code(), call.bytes) + ": " +
+                                      abort_cause(aborted) + "; the group is broken");
+    }
     if (local_abort_->load(std::memory_order_acquire)) {
       fail(Error::Kind::kAborted, "this process group was shut down while " +
                                       Call::describe(call.code(), call.bytes) +
                                       " was still waiting for rank " + std::to_string(peer));
-    }
-    const int32_t aborted_by = header_of(base_).abort_rank.load(std::memory_order_acquire);
-    if (aborted_by >= 0 && aborted_by != options_.rank) {
-      fail(Error::Kind::kAborted,
-           "rank " + std::to_string(aborted_by) +
-               " failed first and stopped the group's shared-memory collectives, while this "
-               "rank was in " +
-               Call::describe(call.code(), call.bytes) + " (see rank " +
-               std::to_string(aborted_by) + "'s error for the cause)");
     }
     if (now >= deadline_) {
       fail(Error::Kind::kTimeout,
@@ -556,23 +589,27 @@ void Transport::wait_one(int peer, uint32_t target, const Call& call, const char
                std::to_string(options_.timeout.count()) + " ms waiting for rank " +
                std::to_string(peer) + " (phase " + phase + "): rank " + std::to_string(peer) +
                " did not take part in time. Check that every rank is alive and calls the same "
-               "collectives in the same order, or raise the timeout");
+               "collectives in the same order, or raise the timeout",
+           peer);
     }
     const int64_t pid = peer_pids_[static_cast<size_t>(peer)];
     if (pid > 0 && now >= next_liveness) {
       next_liveness = now + kLivenessEvery;
       if (process_gone(pid)) {
-        fail(Error::Kind::kPeerGone, "rank " + std::to_string(peer) + " (pid " +
-                                         std::to_string(pid) + ") has exited while this rank was in " +
-                                         Call::describe(call.code(), call.bytes) +
-                                         "; the group is broken");
+        fail(Error::Kind::kPeerGone,
+             "rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
+                 ") has exited while this rank was in " + Call::describe(call.code(), call.bytes) +
+                 "; the group is broken",
+             peer);
       }
     }
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = c.seq.load(std::memory_order_seq_cst);
     if (!reached(seen, target)) {
       const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now);
-      futex_wait(&c.seq, seen, std::min<std::chrono::nanoseconds>(kNap, std::max(left, std::chrono::nanoseconds(1000))));
+      futex_wait(&c.seq, seen,
+                 std::min<std::chrono::nanoseconds>(kNap, std::max(left, std::chrono::nanoseconds(
+                                                                             1000))));
     }
     c.waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(c.seq.load(std::memory_order_acquire), target)) return;
@@ -598,7 +635,8 @@ void Transport::check_same_call(const Call& call, int slot) {
                Call::describe(code, call.bytes) + ", but rank " + std::to_string(r) + " called " +
                Call::describe(theirs, their_bytes) +
                ". Every rank must call the same collectives, in the same order, with the same "
-               "sizes");
+               "sizes",
+           r);
     }
   }
 }
@@ -612,14 +650,12 @@ void Transport::run(const Call& call) {
   const size_t per_slice = call.kind == Kind::kAllReduce ? slice / esize * esize : slice;
   const size_t slices = std::max<size_t>(1, (call.bytes + per_slice - 1) / per_slice);
   deadline_ = Clock::now() + options_.timeout;
+  if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
+    throw Error(Error::Kind::kAborted, "an earlier collective of this group failed: " +
+                                           abort_cause(aborted) + "; the group is broken");
+  }
   if (local_abort_->load(std::memory_order_acquire)) {
     throw Error(Error::Kind::kAborted, "this process group was shut down");
-  }
-  const int32_t aborted_by = header_of(base_).abort_rank.load(std::memory_order_acquire);
-  if (aborted_by >= 0) {
-    throw Error(Error::Kind::kAborted,
-                "an earlier collective of this group failed (rank " + std::to_string(aborted_by) +
-                    " stopped it); the group is broken");
   }
 
   Control& mine = control_of(base_, me);
@@ -651,7 +687,8 @@ void Transport::run(const Call& call) {
     if (call.kind == Kind::kAllReduce) {
       const size_t elems = len / esize;
       const size_t line = std::max<size_t>(1, kLine / esize);
-      const size_t chunk = round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
+      const size_t chunk =
+          round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
       const size_t begin = std::min(elems, chunk * static_cast<size_t>(me));
       const size_t end = std::min(elems, begin + chunk);
       if (begin < end) {
@@ -668,7 +705,8 @@ void Transport::run(const Call& call) {
     if (call.kind == Kind::kAllReduce) {
       std::memcpy(static_cast<unsigned char*>(call.data) + offset, result_area(slot), len);
     } else if (call.kind == Kind::kBroadcast && me != call.root) {
-      std::memcpy(static_cast<unsigned char*>(call.data) + offset, input_area(slot, call.root), len);
+      std::memcpy(static_cast<unsigned char*>(call.data) + offset, input_area(slot, call.root),
+                  len);
     } else if (call.kind == Kind::kAllGather) {
       for (int r = 0; r < n; ++r) {
         std::memcpy(static_cast<unsigned char*>((*call.outputs)[static_cast<size_t>(r)]) + offset,

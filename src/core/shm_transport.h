@@ -124,7 +124,9 @@ class Transport {
   void wait_all(uint32_t target, const Call& call, const char* phase);
   void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
   void check_same_call(const Call& call, int slot);
-  [[noreturn]] void fail(Error::Kind kind, const std::string& message);
+  [[noreturn]] void fail(Error::Kind kind, const std::string& message, int peer = -1);
+  void raise_abort(Error::Kind kind, int peer, bool local_only);
+  std::string abort_cause(uint64_t word) const;
   unsigned char* input_area(int slot, int rank) const;
   unsigned char* result_area(int slot) const;
 
@@ -134,8 +136,8 @@ class Transport {
   size_t bytes_ = 0;
   bool owner_ = false;
   bool linked_ = false;
-  uint32_t step_ = 0;        // phases published by this rank so far
-  uint64_t slices_ = 0;      // slices run so far (selects the slot)
+  uint32_t step_ = 0;    // phases published by this rank so far
+  uint64_t slices_ = 0;  // slices run so far (selects the slot)
   std::vector<int64_t> peer_pids_;
   std::vector<const void*> inputs_;  // one per rank, reused by every reduction
   std::chrono::steady_clock::time_point deadline_;

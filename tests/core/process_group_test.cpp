@@ -183,7 +183,9 @@ TEST(ProcessGroupTest, BadOptionsNameTheValue) {
   auto env = clean_env();
   EXPECT_NE(error_of([] {
               ddp::ProcessGroup::create(ddp::InitOptions().backend("mpi").rank(0).world_size(1));
-            }).find("backend must be \"gloo\" or \"nccl\", but got \"mpi\""),
+            })
+                .find("backend must be \"gloo\", \"nccl\" or \"shm\" (or empty, to choose by what "
+                      "is there), but got \"mpi\""),
             std::string::npos);
   EXPECT_NE(error_of([] {
               ddp::ProcessGroup::create(

@@ -103,8 +103,11 @@ int HeldPort::release() {
 
 ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
                            std::chrono::milliseconds timeout) {
+  // DDP_TEST_BACKEND runs the same tests on another CPU backend ("shm", or "" to let
+  // the library choose); CTest's parallel.on_shm does.
+  const char* backend = std::getenv("DDP_TEST_BACKEND");
   return ddp::InitOptions()
-      .backend("gloo")
+      .backend(backend != nullptr ? backend : "gloo")
       .init_method("file://" + dir.file("store"))
       .rank(rank)
       .world_size(world)

@@ -64,7 +64,8 @@ std::vector<unsigned long> listening_inodes(int port);
 /// Polls `predicate` until it holds or `timeout` passes; returns its last value.
 bool wait_for(const std::function<bool()>& predicate, std::chrono::milliseconds timeout);
 
-/// InitOptions for rank `rank` of `world` over a FileStore under `dir`.
+/// InitOptions for rank `rank` of `world` over a FileStore under `dir`, on backend
+/// DDP_TEST_BACKEND ("gloo" when unset).
 ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
 

@@ -1,0 +1,385 @@
+// The "shm" backend: results against a fold in rank order and exact integer sums, bit
+// equality across ranks, every dtype and op at odd sizes, world sizes 1 to 8, async
+// order, the Gloo fallback, selection, a dead and a stuck peer, and /dev/shm left empty.
+
+#include "support/harness.h"
+
+#include "../../src/core/host_identity.h"
+
+#include <ddp/distributed/process_group.h>
+#include <ddp/errors.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+using ddp_test::run_processes;
+using ddp_test::TempDir;
+
+namespace {
+
+ddp::InitOptions shm_init(const TempDir& dir, int rank, int world, const std::string& backend = "shm",
+                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  return ddp::InitOptions()
+      .backend(backend)
+      .init_method("file://" + dir.file("store"))
+      .rank(rank)
+      .world_size(world)
+      .timeout(timeout);
+}
+
+// Runs fn(pg) on `world` threads, each with its own group of `backend`.
+void run_shm(int world, const std::function<void(ddp::ProcessGroup&)>& fn,
+             const std::string& backend = "shm") {
+  TempDir dir;
+  ddp_test::run_threads(world, [&](int rank) {
+    auto pg = ddp::ProcessGroup::create(shm_init(dir, rank, world, backend));
+    pg->barrier();  // no rank releases its group while a peer still connects (Gloo)
+    fn(*pg);
+  });
+}
+
+// Rank r's input: a pseudo-random tensor, the same for the same (rank, numel, dtype).
+at::Tensor input_of(int rank, int64_t numel, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + rank * 7919 + numel);
+  if (at::isIntegralType(dtype, /*includeBool=*/false)) {
+    return at::randint(-1000, 1000, {numel}, gen, at::TensorOptions().dtype(dtype));
+  }
+  return at::randn({numel}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+// The fold of every rank's input in rank order; float16 and bfloat16 in float32 and
+// rounded once, as the transport does (docs/shm.md, Note [Summation order]).
+at::Tensor reference(int world, int64_t numel, at::ScalarType dtype, ddp::ReduceOp op) {
+  const bool low = dtype == at::kHalf || dtype == at::kBFloat16;
+  at::Tensor acc;
+  for (int r = 0; r < world; ++r) {
+    at::Tensor x = input_of(r, numel, dtype);
+    if (low) x = x.to(at::kFloat);
+    if (r == 0) {
+      acc = x.clone();
+    } else if (op == ddp::ReduceOp::MAX) {
+      acc = at::maximum(acc, x);
+    } else if (op == ddp::ReduceOp::MIN) {
+      acc = at::minimum(acc, x);
+    } else {
+      acc = acc + x;
+    }
+  }
+  acc = acc.to(dtype);
+  if (op == ddp::ReduceOp::AVG) acc.div_(world);
+  return acc;
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.numel() == b.numel() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+// The /dev/shm entries whose names start with `prefix`.
+std::vector<std::string> shm_entries(const std::string& prefix) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+std::string own_prefix(long pid) {
+  return "ddp-" + std::to_string(::getuid()) + "-" + std::to_string(pid) + "-";
+}
+
+class ShmWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmWorldTest, AllReduceEqualsTheFoldInRankOrderForEveryDtypeAndOp) {
+  const int world = GetParam();
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kHalf,
+                                              at::kBFloat16, at::kInt, at::kLong};
+  const std::vector<ddp::ReduceOp> ops = {ddp::ReduceOp::SUM, ddp::ReduceOp::MAX,
+                                          ddp::ReduceOp::MIN, ddp::ReduceOp::AVG};
+  // 300001 float32 elements span two slices of the default 1 MiB.
+  const std::vector<int64_t> sizes = {1, 7, 1000, 300001};
+  std::mutex mu;
+  std::map<std::string, std::vector<at::Tensor>> results;  // per case, per rank
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    if (world > 1) {
+      EXPECT_EQ(pg.backend(), "shm");
+    }
+    for (auto dtype : dtypes) {
+      for (auto op : ops) {
+        if (op == ddp::ReduceOp::AVG && at::isIntegralType(dtype, false)) continue;
+        for (int64_t n : sizes) {
+          at::Tensor t = input_of(pg.rank(), n, dtype);
+          pg.all_reduce(t, op);
+          std::lock_guard<std::mutex> lock(mu);
+          auto& v = results[std::string(c10::toString(dtype)) + "/" +
+                            std::to_string(static_cast<int>(op)) + "/" + std::to_string(n)];
+          v.resize(static_cast<size_t>(world));
+          v[static_cast<size_t>(pg.rank())] = t;
+        }
+      }
+    }
+  });
+  for (auto dtype : dtypes) {
+    for (auto op : ops) {
+      if (op == ddp::ReduceOp::AVG && at::isIntegralType(dtype, false)) continue;
+      for (int64_t n : sizes) {
+        const std::string key = std::string(c10::toString(dtype)) + "/" +
+                                std::to_string(static_cast<int>(op)) + "/" + std::to_string(n);
+        const auto& v = results.at(key);
+        const at::Tensor want = reference(world, n, dtype, op);
+        for (int r = 0; r < world; ++r) {
+          // Bit-identical on every rank, and to the fold (AVG: within rounding of the division).
+          EXPECT_TRUE(same_bits(v[static_cast<size_t>(r)], v[0])) << key << " rank " << r;
+          if (op == ddp::ReduceOp::AVG) {
+            EXPECT_TRUE(at::allclose(v[static_cast<size_t>(r)].to(at::kDouble), want.to(at::kDouble),
+                                     1e-2, 1e-3))
+                << key;
+          } else {
+            EXPECT_TRUE(same_bits(v[static_cast<size_t>(r)], want)) << key << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ShmWorldTest, SumsOfIntegersAreExact) {
+  const int world = GetParam();
+  const int64_t n = 1 << 20;  // 4 MiB of float32: four slices
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    at::Tensor idx = at::arange(n, at::kLong);
+    at::Tensor f = (idx.remainder(1000) + pg.rank()).to(at::kFloat);
+    at::Tensor l = idx * (pg.rank() + 1);
+    pg.all_reduce(f);
+    pg.all_reduce(l);
+    // closed forms: sum_r (i % 1000 + r) and sum_r i (r + 1)
+    const at::Tensor want_f = (idx.remainder(1000) * world + world * (world - 1) / 2).to(at::kFloat);
+    const at::Tensor want_l = idx * (world * (world + 1) / 2);
+    EXPECT_TRUE(at::equal(f, want_f));
+    EXPECT_TRUE(at::equal(l, want_l));
+  });
+}
+
+TEST_P(ShmWorldTest, BroadcastAllGatherReduceScatterAndBarrier) {
+  const int world = GetParam();
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    const int me = pg.rank();
+    for (int root = 0; root < world; ++root) {
+      for (int64_t n : {int64_t(1), int64_t(333), int64_t(700001)}) {
+        at::Tensor t = at::full({n}, static_cast<double>(me * 10 + 1), at::kDouble);
+        pg.broadcast(t, root);
+        EXPECT_TRUE(at::equal(t, at::full({n}, static_cast<double>(root * 10 + 1), at::kDouble)));
+      }
+    }
+    for (int64_t n : {int64_t(3), int64_t(300001)}) {
+      const at::Tensor mine = at::arange(n, at::kInt) + me * 1000;
+      const auto all = pg.all_gather(mine);
+      ASSERT_EQ(static_cast<int>(all.size()), world);
+      for (int r = 0; r < world; ++r) EXPECT_TRUE(at::equal(all[r], at::arange(n, at::kInt) + r * 1000));
+    }
+    const auto bytes = pg.all_gather_bytes(std::string(static_cast<size_t>(me + 1), 'a' + me));
+    for (int r = 0; r < world; ++r) EXPECT_EQ(bytes[r], std::string(static_cast<size_t>(r + 1), 'a' + r));
+    const int64_t chunk = 5;
+    at::Tensor in = at::arange(chunk * world, at::kFloat) + me;
+    at::Tensor out = at::empty({chunk}, at::kFloat);
+    pg.reduce_scatter_tensor(out, in);
+    const at::Tensor want = (at::arange(chunk, at::kFloat) + me * chunk) * world + world * (world - 1) / 2;
+    EXPECT_TRUE(at::equal(out, want));
+    at::Tensor gathered = at::empty({chunk * world}, at::kFloat);
+    pg.all_gather_into_tensor(gathered, out);
+    EXPECT_TRUE(at::equal(gathered, (at::arange(chunk * world, at::kFloat)) * world + world * (world - 1) / 2));
+    for (int i = 0; i < 20; ++i) pg.barrier();
+  });
+}
+
+TEST_P(ShmWorldTest, AsyncWorksCompleteInOrderWithTheirValues) {
+  const int world = GetParam();
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    std::vector<at::Tensor> tensors;
+    std::vector<ddp::Work> works;
+    for (int k = 0; k < 6; ++k) {
+      tensors.push_back(at::full({100003 * (k % 2) + 5}, static_cast<float>(pg.rank() + k)));
+      std::vector<at::Tensor> list = {tensors.back()};
+      works.push_back(pg.all_reduce_async(list, k % 3 == 2 ? ddp::ReduceOp::AVG : ddp::ReduceOp::SUM));
+    }
+    for (int k = 5; k >= 0; --k) {
+      works[k].wait();
+      const auto value = works[k].future()->value().toTensorVector();
+      const float sum = static_cast<float>(world * (world - 1) / 2 + world * k);
+      const float want = k % 3 == 2 ? sum / world : sum;
+      EXPECT_TRUE(at::allclose(tensors[k], at::full_like(tensors[k], want))) << "work " << k;
+      ASSERT_EQ(value.size(), 1u);
+      EXPECT_TRUE(value[0].is_same(tensors[k]) || at::equal(value[0], tensors[k]));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorldTest, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(ShmBackendTest, NonContiguousAndUnsupportedDtypesStillReduce) {
+  run_shm(3, [](ddp::ProcessGroup& pg) {
+    at::Tensor m = at::arange(12, at::kFloat).reshape({3, 4}).add(pg.rank()).t();  // not contiguous
+    pg.all_reduce(m);
+    EXPECT_TRUE(at::equal(m, (at::arange(12, at::kFloat).reshape({3, 4}) * 3 + 3).t()));
+    at::Tensor u = at::full({17}, pg.rank() + 1, at::kByte);  // Gloo carries uint8
+    pg.all_reduce(u);
+    EXPECT_TRUE(at::equal(u, at::full({17}, 6, at::kByte)));
+    at::Tensor b = at::full({9}, pg.rank() * 2, at::kChar);
+    pg.all_reduce(b, ddp::ReduceOp::MAX);
+    EXPECT_TRUE(at::equal(b, at::full({9}, 4, at::kChar)));
+    EXPECT_EQ(pg.backend(), "shm");
+  });
+}
+
+TEST(ShmBackendTest, EmptyBackendPicksSharedMemoryOnOneHostAndGlooStaysGloo) {
+  run_shm(2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "shm"); }, "");
+  run_shm(2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "gloo"); }, "gloo");
+}
+
+TEST(ShmBackendTest, DifferentCollectivesOnTwoRanksAreAMismatchOnBoth) {
+  run_shm(2, [](ddp::ProcessGroup& pg) {
+    at::Tensor t = at::ones({pg.rank() == 0 ? 10 : 11});
+    const std::string error = ddp_test::error_of([&] { pg.all_reduce(t); });
+    EXPECT_NE(error.find("the ranks called different collectives"), std::string::npos) << error;
+    EXPECT_NE(error.find("all_reduce (float32, SUM, 40 bytes)"), std::string::npos) << error;
+    EXPECT_NE(error.find("all_reduce (float32, SUM, 44 bytes)"), std::string::npos) << error;
+  });
+}
+
+TEST(ShmBackendTest, NothingOfTheGroupStaysInDevShm) {
+  run_shm(3, [](ddp::ProcessGroup& pg) {
+    at::Tensor t = at::ones({10});
+    pg.all_reduce(t);
+    EXPECT_TRUE(shm_entries(own_prefix(::getpid())).empty());
+  });
+}
+
+TEST(HostIdentityTest, EncodesAndComparesHosts) {
+  using ddp::detail::HostIdentity;
+  const HostIdentity me = ddp::detail::local_host_identity();
+  EXPECT_FALSE(me.boot_id.empty());
+  HostIdentity back;
+  ASSERT_TRUE(ddp::detail::decode(ddp::detail::encode(me), back));
+  EXPECT_EQ(back.hostname, me.hostname);
+  EXPECT_EQ(back.pid, me.pid);
+  EXPECT_TRUE(ddp::detail::same_shm_host(me, back));
+  EXPECT_FALSE(ddp::detail::decode("1", back));  // what an older peer announces
+  HostIdentity other = me;
+  other.boot_id = "another-boot";
+  EXPECT_FALSE(ddp::detail::same_shm_host(me, other));
+  other = me;
+  other.hostname = "elsewhere";
+  EXPECT_FALSE(ddp::detail::same_shm_host(me, other));
+  other = me;
+  other.shm_inode += 1;  // a container with its own /dev/shm
+  EXPECT_FALSE(ddp::detail::same_shm_host(me, other));
+  EXPECT_FALSE(ddp::detail::all_on_one_shm_host({me, me, other}));
+  EXPECT_TRUE(ddp::detail::all_on_one_shm_host({me, me}));
+}
+
+// ---- Processes ---------------------------------------------------------------------
+
+constexpr int kBroken = 21;
+constexpr int kTimedOut = 22;
+
+// Rank 2 is killed (SIGKILL) after the first all-reduce; ranks 0 and 1 go on and must
+// fail with an error naming it, long before the 60 s timeout. Then rank 0, which made
+// the segment, is killed too: nothing may stay in /dev/shm.
+DDP_SCENARIO(shm_dead_peer) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(60)));
+  std::printf("pid=%ld\n", static_cast<long>(::getpid()));
+  std::fflush(stdout);
+  at::Tensor t = at::ones({1 << 20});
+  ddp::all_reduce(t);
+  if (ddp::get_rank() == 2) ::raise(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 1000; ++i) ddp::all_reduce(t);
+  } catch (const ddp::ProcessGroupError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("ProcessGroupError after %.1f s: %s\n", s, e.what());
+    std::fflush(stdout);
+    if (ddp::get_rank() == 0) ::raise(SIGKILL);
+    return s < 15 ? kBroken : 1;
+  }
+  return 0;
+}
+
+// Rank 1 is alive but never calls: rank 0 gets TimeoutError after its 2 s timeout.
+DDP_SCENARIO(shm_stuck_peer) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(2)));
+  if (ddp::get_rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    return 0;
+  }
+  at::Tensor t = at::ones({1000});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ddp::all_reduce(t);
+  } catch (const ddp::TimeoutError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("TimeoutError after %.1f s: %s\n", s, e.what());
+    return s >= 1.5 && s < 5 ? kTimedOut : 1;
+  }
+  return 0;
+}
+
+// torchrun's environment and an empty backend: shared memory, and correct sums.
+DDP_SCENARIO(shm_env_auto) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().timeout(std::chrono::seconds(30)));
+  if (ddp::default_group()->backend() != "shm") return 3;
+  const int n = ddp::get_world_size();
+  at::Tensor t = at::full({300001}, static_cast<float>(ddp::get_rank() + 1));
+  ddp::all_reduce(t);
+  return at::equal(t, at::full({300001}, static_cast<float>(n * (n + 1) / 2))) ? 0 : 4;
+}
+
+std::vector<long> printed_pids(const std::vector<ddp_test::ProcessResult>& results) {
+  std::vector<long> pids;
+  for (const auto& r : results) {
+    const size_t at = r.output.find("pid=");
+    if (at != std::string::npos) pids.push_back(std::stol(r.output.substr(at + 4)));
+  }
+  return pids;
+}
+
+TEST(ShmBackendMultiProcTest, ADeadPeerIsAnErrorNotAHangAndLeavesNothingInDevShm) {
+  const auto results = run_processes(3, "shm_dead_peer");
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].exit_code, 128 + SIGKILL) << results[0].output;
+  EXPECT_EQ(results[1].exit_code, kBroken) << results[1].output;
+  EXPECT_EQ(results[2].exit_code, 128 + SIGKILL) << results[2].output;
+  for (int r : {0, 1}) {
+    EXPECT_NE(results[r].output.find("rank 2 (pid"), std::string::npos) << results[r].output;
+    EXPECT_NE(results[r].output.find("has exited"), std::string::npos) << results[r].output;
+  }
+  const auto pids = printed_pids(results);
+  EXPECT_EQ(pids.size(), 3u);
+  for (long pid : pids) EXPECT_TRUE(shm_entries(own_prefix(pid)).empty()) << "pid " << pid;
+}
+
+TEST(ShmBackendMultiProcTest, AStuckPeerIsATimeout) {
+  const auto results = run_processes(2, "shm_stuck_peer");
+  EXPECT_EQ(results[0].exit_code, kTimedOut) << results[0].output;
+  EXPECT_NE(results[0].output.find("timed out"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("waiting for rank 1"), std::string::npos) << results[0].output;
+}
+
+TEST(ShmBackendMultiProcTest, EmptyBackendUsesSharedMemoryUnderALauncher) {
+  ddp_test::expect_all_ok(run_processes(4, "shm_env_auto"));
+}
+
+}  // namespace

@@ -1,6 +1,7 @@
 // All-reduce micro-benchmark, nccl-tests style: for each message size, the median time of
-// a float32 SUM all-reduce, its algorithm bandwidth (bytes / time) and bus bandwidth
-// (algbw * 2(n-1)/n, the bytes each rank's link carries in a ring).
+// a float32 SUM all-reduce on Gloo and on the shared-memory backend, side by side, their
+// bus bandwidth (bytes / time * 2(n-1)/n, the bytes each rank's link carries in a ring),
+// and how the shared-memory one compares with a plain memcpy of the same bytes.
 //
 // Run under a launcher:  ddprun --nproc-per-node 2 --no-prefix -- bench_allreduce [MIN [MAX [busy]]]
 //
@@ -18,9 +19,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -40,6 +44,38 @@ std::string human(int64_t bytes) {
   return buf;
 }
 
+// Median seconds of one all-reduce of `t` on `pg` (the slowest rank's median: a
+// collective ends when its last rank is done).
+double time_all_reduce(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
+  for (int i = 0; i < 3; ++i) pg.all_reduce(t);
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    pg.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    pg.all_reduce(t);
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  auto m = at::full({1}, median(times), at::kDouble);
+  pg.all_reduce(m, ddp::ReduceOp::MAX);
+  return m.item<double>();
+}
+
+// Median seconds of a memcpy of `bytes` in this process: the ceiling of any transport
+// through memory.
+double time_memcpy(int64_t bytes) {
+  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 0);
+  std::memcpy(dst.data(), src.data(), src.size());
+  std::vector<double> times;
+  for (int i = 0; i < 9; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), src.size());
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(times);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,15 +84,37 @@ int main(int argc, char** argv) {
   if (argc > 2) max_bytes = std::atoll(argv[2]);
   const bool busy = argc > 3 && std::string(argv[3]) == "busy";
   at::set_num_threads(1);
+  // One group per transport, measured side by side: Gloo through the launcher's
+  // rendezvous, shared memory through a FileStore in a directory rank 0 makes.
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo"));
-  auto pg = ddp::default_group();
-  const int n = pg->size();
-  const bool leader = pg->rank() == 0;
+  auto gloo = ddp::default_group();
+  const int n = gloo->size();
+  const int rank = gloo->rank();
+  const bool leader = rank == 0;
+  std::string dir;
   if (leader) {
-    std::printf("# all_reduce (SUM, float32), backend %s, %d ranks%s; median of repeats\n",
-                pg->backend().c_str(), n, busy ? ", one compute thread per rank" : "");
-    std::printf("| size | time (us) | algbw (GB/s) | busbw (GB/s) |\n");
-    std::printf("|---:|---:|---:|---:|\n");
+    char tmpl[] = "/tmp/ddp-bench-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+  }
+  dir = gloo->all_gather_bytes(dir)[0];
+  auto shm = ddp::ProcessGroup::create(ddp::InitOptions()
+                                           .backend("shm")
+                                           .init_method("file://" + dir + "/store")
+                                           .rank(rank)
+                                           .world_size(n));
+  shm->barrier();
+  if (leader) {
+    std::remove((dir + "/store").c_str());
+    ::rmdir(dir.c_str());
+  }
+  if (leader) {
+    std::printf("# all_reduce (SUM, float32), %d ranks%s; time: median of repeats (slowest rank); "
+                "busbw = bytes/time * 2(n-1)/n; memcpy: one process's copy of the same bytes\n",
+                n, busy ? ", one compute thread per rank" : "");
+    std::printf(
+        "| size | gloo (us) | shm (us) | gloo busbw (GB/s) | shm busbw (GB/s) | shm / gloo | "
+        "memcpy (GB/s) | shm busbw / memcpy |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   std::atomic<bool> stop{false};
   std::thread compute;
@@ -70,30 +128,27 @@ int main(int argc, char** argv) {
   }
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     auto t = at::ones({bytes / 4}, at::kFloat);
-    // Enough repeats for ~0.5 s per size, at least 5, after 3 warm-ups.
+    // Enough repeats for ~0.5 s per size, at least 5; the two transports alternate in
+    // rounds, so that a slow moment of the machine falls on both.
     const int iters = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 5, 200));
-    for (int i = 0; i < 3; ++i) pg->all_reduce(t);
-    std::vector<double> times;
-    for (int i = 0; i < iters; ++i) {
-      pg->barrier();
-      const auto start = std::chrono::steady_clock::now();
-      pg->all_reduce(t);
-      times.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::vector<double> g, s;
+    for (int round = 0; round < 3; ++round) {
+      g.push_back(time_all_reduce(*gloo, t, iters));
+      s.push_back(time_all_reduce(*shm, t, iters));
     }
-    // Every rank's median; report the slowest rank's, since a collective ends when the
-    // last rank is done.
-    auto m = at::full({1}, median(times), at::kDouble);
-    pg->all_reduce(m, ddp::ReduceOp::MAX);
-    const double sec = m.item<double>();
-    const double algbw = static_cast<double>(bytes) / sec / 1e9;
-    const double busbw = algbw * 2.0 * (n - 1) / n;
+    const double tg = median(g), ts = median(s);
+    const double bus = 2.0 * (n - 1) / n;
+    const double gbus = static_cast<double>(bytes) / tg / 1e9 * bus;
+    const double sbus = static_cast<double>(bytes) / ts / 1e9 * bus;
+    const double copy = static_cast<double>(bytes) / time_memcpy(bytes) / 1e9;
     if (leader) {
-      std::printf("| %s | %.1f | %.3f | %.3f |\n", human(bytes).c_str(), sec * 1e6, algbw, busbw);
+      std::printf("| %s | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f | %.2f |\n", human(bytes).c_str(),
+                  tg * 1e6, ts * 1e6, gbus, sbus, tg / ts, copy, sbus / copy);
       std::fflush(stdout);
     }
   }
   stop = true;
   if (compute.joinable()) compute.join();
+  shm->shutdown();
   return 0;
 }

@@ -48,13 +48,15 @@ struct Args {
   int block = 5;
   std::string trace;
   std::string out;
+  std::string backend;  // empty: the library's choice (shared memory on one host)
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_compare: " << problem << "\n"
             << "usage: bench_compare --model small|cnn|wide --out DIR [--ddp 1] [--warmup 10]\n"
                "       [--iters 50] [--bucket-cap-mb 25] [--lr 0.01] [--set-to-none 1]\n"
-               "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n";
+               "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n"
+               "       [--backend gloo|shm]  (default: the library's choice)\n";
   std::exit(2);
 }
 
@@ -88,6 +90,8 @@ Args parse(int argc, char** argv) {
       a.trace = v;
     else if (flag == "--out")
       a.out = v;
+    else if (flag == "--backend")
+      a.backend = v;
     else
       usage("unknown flag " + flag);
   }
@@ -197,7 +201,7 @@ int run(const Args& args) {
   const int world = env_int("WORLD_SIZE", 1);
   std::unique_ptr<ddp::ProcessGroupGuard> group;
   if (args.ddp) {
-    group = std::make_unique<ddp::ProcessGroupGuard>(ddp::InitOptions().backend("gloo"));
+    group = std::make_unique<ddp::ProcessGroupGuard>(ddp::InitOptions().backend(args.backend));
   } else {
     TORCH_CHECK(world == 1, "--ddp 0 runs one process, but WORLD_SIZE is ", world);
   }
@@ -284,7 +288,9 @@ int run(const Args& args) {
     << ",\"rank\":" << rank << ",\"world_size\":" << world
     << ",\"batch\":" << bench::spec(args.model).batch
     << ",\"num_parameters\":" << num_parameters(*model) << ",\"iter_s\":" << json_list(times)
-    << ",\"cpu_s\":" << cpu_s << ",\"torch\":\"" << TORCH_VERSION << "\"";
+    << ",\"cpu_s\":" << cpu_s << ",\"torch\":\"" << TORCH_VERSION << "\""
+    << ",\"backend\":\"" << (args.ddp ? ddp::default_group()->backend() : std::string("none"))
+    << "\"";
   if (args.with_plain) {
     o << ",\"plain_iter_s\":" << json_list(plain_times) << ",\"plain_cpu_s\":" << plain_cpu_s;
   }

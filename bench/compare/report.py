@@ -159,9 +159,10 @@ def markdown(data, summary=None):
     add("| ddp-cpp | %s |" % (meta["git"] or "unknown"))
     add("| launcher | %s |" % meta["launcher"])
     add("| settings | %d trials per configuration, interleaved; %d warm-up + %d measured "
-        "iterations per trial; bucket_cap_mb %g; gloo; 1 thread per rank; SGD lr 0.01; "
-        "zero_grad(set_to_none=True); glibc malloc: %s (docs/benchmarks.md) |"
-        % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"],
+        "iterations per trial; bucket_cap_mb %g; ddp-cpp on %s, PyTorch on gloo; 1 thread "
+        "per rank; SGD lr 0.01; zero_grad(set_to_none=True); glibc malloc: %s "
+        "(docs/benchmarks.md) |"
+        % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"], _cpp_backend(data),
            st.get("malloc", "default" if st.get("no_hugetlb") else "hugetlb")))
     add("| run time | %.0f s |" % meta["elapsed_s"])
     add("")
@@ -353,7 +354,7 @@ def markdown(data, summary=None):
         "**ddp-cpp (stats)**: the same from IterationStats of the timed runs, with each "
         "bucket's launch → reduced time taken on the rank that launched it last, summed over "
         "buckets (so buckets in flight together count twice: a lower bound). Both run "
-        "while backward computes on the same cores. **Raw Gloo**: `bench_allreduce` "
+        "while backward computes on the same cores. **Raw all-reduce** (on the backend ddp-cpp used): `bench_allreduce` "
         "(ProcessGroupGloo all-reduce after a barrier, nothing else running) at exactly "
         "the same sizes, one after another. **PyTorch** exposes only its whole "
         "communication window (first launch → end of finalize), a lower bound. "
@@ -364,14 +365,14 @@ def markdown(data, summary=None):
                                                       float("nan")))))
     add("")
     add("")
-    add("**Raw Gloo beside compute**: the same `bench_allreduce`, with one compute thread "
+    add("**Raw all-reduce beside compute**: the same `bench_allreduce`, with one compute thread "
         "per rank (a loop of 256×256 matrix products) running for the whole measurement, "
         "as backward does while DDP's buckets are in flight. On this 2-core machine the "
         "two ranks' compute threads and Gloo's threads share the cores, which is what "
         "separates DDP's buckets from the idle raw figure.")
     add("")
-    add("| model | bucket sizes (MB) | ddp-cpp (trace) GB/s | ddp-cpp (stats) GB/s | raw Gloo, "
-        "same sizes | ddp-cpp (trace) / raw | raw Gloo beside compute | ddp-cpp (trace) / "
+    add("| model | bucket sizes (MB) | ddp-cpp (trace) GB/s | ddp-cpp (stats) GB/s | raw all-reduce, "
+        "same sizes | ddp-cpp (trace) / raw | raw beside compute | ddp-cpp (trace) / "
         "raw beside compute | PyTorch window (lower bound) | duplex loopback ceiling |")
     add("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     bw_ratio = {}
@@ -396,12 +397,19 @@ def markdown(data, summary=None):
     add("")
     sweep = data.get("allreduce_sweep")
     if sweep:
-        add("Raw Gloo all-reduce at 2 ranks (`bench_allreduce`), for reference:")
+        add("Raw all-reduce at 2 ranks (`bench_allreduce`), both transports side by side, "
+            "for reference:")
         add("")
-        add("| size | time (us) | busbw (GB/s) |")
-        add("|---:|---:|---:|")
+        add("| size | gloo (us) | shm (us) | gloo busbw (GB/s) | shm busbw (GB/s) | shm / gloo "
+            "| memcpy (GB/s) | shm busbw / memcpy |")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for row in sweep:
-            add("| %s | %.0f | %.3f |" % (row["size"], row["time_s"] * 1e6, row["busbw"]))
+            if "shm_time_s" not in row:  # results of an older run
+                continue
+            add("| %s | %.0f | %.0f | %.3f | %.3f | %.2f | %.2f | %.2f |"
+                % (row["size"], row["gloo_time_s"] * 1e6, row["shm_time_s"] * 1e6,
+                   row["gloo_busbw"], row["shm_busbw"], row["gloo_time_s"] / row["shm_time_s"],
+                   row["memcpy_GBps"], row["shm_busbw"] / row["memcpy_GBps"]))
         add("")
 
     add("## Same work on both sides")
@@ -428,7 +436,7 @@ def markdown(data, summary=None):
         "paired wall-clock median is shown beside it.")
     add("")
     add("| model | iteration time ≤ PyTorch DDP (ratio) | DDP overhead at world size 1 ≤ 1% "
-        "(fixed cost; paired wall clock) | bucket busbw ≥ 95% of raw Gloo |")
+        "(fixed cost; paired wall clock) | bucket busbw ≥ 95% of raw all-reduce |")
     add("|---|---|---|---|")
     for k in models:
         r, o, b = verdicts[k], overheads[(k, "cpp")], bw_ratio[k]
@@ -489,7 +497,7 @@ def readme_block(data):
     L.append("| model | DDP overhead at world size 1, ddp-cpp (fixed cost; paired) | "
              "PyTorch (paired) | scaling efficiency at 2 ranks, ddp-cpp / PyTorch | "
              "communication hidden behind backward, ddp-cpp / PyTorch | bucket busbw, "
-             "% of raw Gloo (idle / beside compute) |")
+             "% of raw all-reduce (idle / beside compute) |")
     L.append("|---|---:|---:|---:|---:|---:|")
     for k in models:
         c = summary[k]
@@ -545,6 +553,18 @@ def _bw(values):
         return "n/a"
     m, lo, hi = spread(values)
     return "%s (%s–%s)" % (_num(m), _num(lo), _num(hi))
+
+
+def _cpp_backend(data):
+    """The backend ddp-cpp's DDP runs used (bench_compare records it per rank)."""
+    seen = set()
+    for trials in data["trials"].values():
+        for ts in trials.values():
+            for t in ts:
+                for r in t["ranks"]:
+                    if r.get("side") == "cpp" and r.get("ddp") and r.get("backend"):
+                        seen.add(r["backend"])
+    return ", ".join(sorted(seen)) or "gloo"
 
 
 def _cpp_torch(data):

@@ -61,6 +61,9 @@ def parse_args(argv):
                     help="iterations that sample the overlap: extra PyTorch iterations with "
                          "its DDP runtime statistics on, and a traced ddp-cpp run")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    ap.add_argument("--cpp-backend", default="", choices=["", "gloo", "shm"],
+                    help="ddp-cpp's backend (empty: the library's choice, shared memory on one "
+                         "host); PyTorch's DDP always runs on gloo")
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
                     help="DDP bucket_cap_mb, the same on both sides")
     ap.add_argument("--check-steps", type=int, default=3,
@@ -108,6 +111,9 @@ class Bench:
         self.launcher = launch.Launcher(os.path.join(self.bin, "ddprun"), self.env,
                                         args.timeout, args.verbose)
         self.tmp = tempfile.mkdtemp(prefix="ddp-bench-")
+        # The transport whose raw all-reduce DDP's buckets are compared with: what
+        # ddp-cpp's runs use (an empty --cpp-backend picks shared memory on one host).
+        self.raw_backend = "gloo" if args.cpp_backend == "gloo" else "shm"
         self.commands = []
 
     def command(self, side, model, mode, out, extra=(), warmup=None, iters=None):
@@ -117,7 +123,8 @@ class Bench:
                   "--warmup", str(warmup), "--iters", str(iters),
                   "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out]
         if side == "cpp":
-            return [self.cpp] + common + list(extra)
+            backend = ["--backend", self.args.cpp_backend] if self.args.cpp_backend else []
+            return [self.cpp] + common + backend + list(extra)
         return [PYTHON, os.path.join(HERE, "bench_py.py")] + common + [
             "--stats-iters", str(self.args.stats_iters)] + list(extra)
 
@@ -220,13 +227,13 @@ class Bench:
             text = self.launcher.run(2, [os.path.join(self.bin, "bench_allreduce"), str(size),
                                          str(size)] + (["busy"] if busy else []),
                                      "bench_allreduce %d%s" % (size, " busy" if busy else ""))
-            out[size] = parse_allreduce_table(text)[0]["time_s"]
+            out[size] = parse_allreduce_table(text, self.raw_backend)[0]["time_s"]
         return out
 
     def allreduce_sweep(self):
         text = self.launcher.run(2, [os.path.join(self.bin, "bench_allreduce"),
                                      str(1 << 20), str(64 << 20)], "bench_allreduce sweep")
-        return parse_allreduce_table(text)
+        return parse_allreduce_table(text, self.raw_backend)
 
     def loopback(self):
         text = subprocess.run([PYTHON, os.path.join(HERE, "loopback.py")], env=self.env,
@@ -297,13 +304,20 @@ def summarise(ranks, prefix, cmd):
             "cmd": cmd}
 
 
-def parse_allreduce_table(text):
+def parse_allreduce_table(text, backend="shm"):
+    """bench_allreduce's rows: time and busbw of `backend` ("gloo" or "shm"), with both
+    transports' figures and the memcpy bandwidth beside them."""
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[1].replace(".", "", 1).isdigit():
-            rows.append({"size": cells[0], "time_s": float(cells[1]) / 1e6,
-                         "algbw": float(cells[2]), "busbw": float(cells[3])})
+        if len(cells) == 8 and cells[1].replace(".", "", 1).isdigit():
+            g_us, s_us, g_bus, s_bus = (float(c) for c in cells[1:5])
+            rows.append({"size": cells[0],
+                         "time_s": (s_us if backend == "shm" else g_us) / 1e6,
+                         "busbw": s_bus if backend == "shm" else g_bus,
+                         "gloo_time_s": g_us / 1e6, "shm_time_s": s_us / 1e6,
+                         "gloo_busbw": g_bus, "shm_busbw": s_bus,
+                         "memcpy_GBps": float(cells[6])})
     if not rows:
         raise launch.RunError("bench_allreduce printed no table:\n" + text[-2000:])
     return rows

@@ -27,7 +27,8 @@ using ddp_test::TempDir;
 
 namespace {
 
-ddp::InitOptions shm_init(const TempDir& dir, int rank, int world, const std::string& backend = "shm",
+ddp::InitOptions shm_init(const TempDir& dir, int rank, int world,
+                          const std::string& backend = "shm",
                           std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   return ddp::InitOptions()
       .backend(backend)
@@ -105,8 +106,8 @@ class ShmWorldTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmWorldTest, AllReduceEqualsTheFoldInRankOrderForEveryDtypeAndOp) {
   const int world = GetParam();
-  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kHalf,
-                                              at::kBFloat16, at::kInt, at::kLong};
+  const std::vector<at::ScalarType> dtypes = {at::kFloat,    at::kDouble, at::kHalf,
+                                              at::kBFloat16, at::kInt,    at::kLong};
   const std::vector<ddp::ReduceOp> ops = {ddp::ReduceOp::SUM, ddp::ReduceOp::MAX,
                                           ddp::ReduceOp::MIN, ddp::ReduceOp::AVG};
   // 300001 float32 elements span two slices of the default 1 MiB.
@@ -144,8 +145,8 @@ TEST_P(ShmWorldTest, AllReduceEqualsTheFoldInRankOrderForEveryDtypeAndOp) {
           // Bit-identical on every rank, and to the fold (AVG: within rounding of the division).
           EXPECT_TRUE(same_bits(v[static_cast<size_t>(r)], v[0])) << key << " rank " << r;
           if (op == ddp::ReduceOp::AVG) {
-            EXPECT_TRUE(at::allclose(v[static_cast<size_t>(r)].to(at::kDouble), want.to(at::kDouble),
-                                     1e-2, 1e-3))
+            EXPECT_TRUE(at::allclose(v[static_cast<size_t>(r)].to(at::kDouble),
+                                     want.to(at::kDouble), 1e-2, 1e-3))
                 << key;
           } else {
             EXPECT_TRUE(same_bits(v[static_cast<size_t>(r)], want)) << key << " rank " << r;
@@ -166,7 +167,8 @@ TEST_P(ShmWorldTest, SumsOfIntegersAreExact) {
     pg.all_reduce(f);
     pg.all_reduce(l);
     // closed forms: sum_r (i % 1000 + r) and sum_r i (r + 1)
-    const at::Tensor want_f = (idx.remainder(1000) * world + world * (world - 1) / 2).to(at::kFloat);
+    const at::Tensor want_f =
+        (idx.remainder(1000) * world + world * (world - 1) / 2).to(at::kFloat);
     const at::Tensor want_l = idx * (world * (world + 1) / 2);
     EXPECT_TRUE(at::equal(f, want_f));
     EXPECT_TRUE(at::equal(l, want_l));
@@ -188,19 +190,23 @@ TEST_P(ShmWorldTest, BroadcastAllGatherReduceScatterAndBarrier) {
       const at::Tensor mine = at::arange(n, at::kInt) + me * 1000;
       const auto all = pg.all_gather(mine);
       ASSERT_EQ(static_cast<int>(all.size()), world);
-      for (int r = 0; r < world; ++r) EXPECT_TRUE(at::equal(all[r], at::arange(n, at::kInt) + r * 1000));
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(at::equal(all[r], at::arange(n, at::kInt) + r * 1000));
     }
     const auto bytes = pg.all_gather_bytes(std::string(static_cast<size_t>(me + 1), 'a' + me));
-    for (int r = 0; r < world; ++r) EXPECT_EQ(bytes[r], std::string(static_cast<size_t>(r + 1), 'a' + r));
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(bytes[r], std::string(static_cast<size_t>(r + 1), 'a' + r));
     const int64_t chunk = 5;
     at::Tensor in = at::arange(chunk * world, at::kFloat) + me;
     at::Tensor out = at::empty({chunk}, at::kFloat);
     pg.reduce_scatter_tensor(out, in);
-    const at::Tensor want = (at::arange(chunk, at::kFloat) + me * chunk) * world + world * (world - 1) / 2;
+    const at::Tensor want =
+        (at::arange(chunk, at::kFloat) + me * chunk) * world + world * (world - 1) / 2;
     EXPECT_TRUE(at::equal(out, want));
     at::Tensor gathered = at::empty({chunk * world}, at::kFloat);
     pg.all_gather_into_tensor(gathered, out);
-    EXPECT_TRUE(at::equal(gathered, (at::arange(chunk * world, at::kFloat)) * world + world * (world - 1) / 2));
+    EXPECT_TRUE(at::equal(gathered, (at::arange(chunk * world, at::kFloat)) * world +
+                                        world * (world - 1) / 2));
     for (int i = 0; i < 20; ++i) pg.barrier();
   });
 }
@@ -213,7 +219,8 @@ TEST_P(ShmWorldTest, AsyncWorksCompleteInOrderWithTheirValues) {
     for (int k = 0; k < 6; ++k) {
       tensors.push_back(at::full({100003 * (k % 2) + 5}, static_cast<float>(pg.rank() + k)));
       std::vector<at::Tensor> list = {tensors.back()};
-      works.push_back(pg.all_reduce_async(list, k % 3 == 2 ? ddp::ReduceOp::AVG : ddp::ReduceOp::SUM));
+      works.push_back(
+          pg.all_reduce_async(list, k % 3 == 2 ? ddp::ReduceOp::AVG : ddp::ReduceOp::SUM));
     }
     for (int k = 5; k >= 0; --k) {
       works[k].wait();
@@ -245,8 +252,10 @@ TEST(ShmBackendTest, NonContiguousAndUnsupportedDtypesStillReduce) {
 }
 
 TEST(ShmBackendTest, EmptyBackendPicksSharedMemoryOnOneHostAndGlooStaysGloo) {
-  run_shm(2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "shm"); }, "");
-  run_shm(2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "gloo"); }, "gloo");
+  run_shm(
+      2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "shm"); }, "");
+  run_shm(
+      2, [](ddp::ProcessGroup& pg) { EXPECT_EQ(pg.backend(), "gloo"); }, "gloo");
 }
 
 TEST(ShmBackendTest, DifferentCollectivesOnTwoRanksAreAMismatchOnBoth) {
@@ -309,7 +318,8 @@ DDP_SCENARIO(shm_dead_peer) {
   try {
     for (int i = 0; i < 1000; ++i) ddp::all_reduce(t);
   } catch (const ddp::ProcessGroupError& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("ProcessGroupError after %.1f s: %s\n", s, e.what());
     std::fflush(stdout);
     if (ddp::get_rank() == 0) ::raise(SIGKILL);
@@ -330,7 +340,8 @@ DDP_SCENARIO(shm_stuck_peer) {
   try {
     ddp::all_reduce(t);
   } catch (const ddp::TimeoutError& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("TimeoutError after %.1f s: %s\n", s, e.what());
     return s >= 1.5 && s < 5 ? kTimedOut : 1;
   }

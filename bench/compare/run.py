@@ -379,7 +379,7 @@ def main(argv=None):
         for model in args.models:
             for k in ("cpp-ddp-2", "py-ddp-2"):
                 sizes.update(report.bucket_sizes(data["trials"][model][k], k.split("-")[0]))
-        print("[compare] raw Gloo all-reduce at %d bucket sizes" % len(sizes), flush=True)
+        print("[compare] raw all-reduce at %d bucket sizes" % len(sizes), flush=True)
         data["raw_allreduce"] = {str(k): v for k, v in bench.raw_allreduce(sizes).items()}
         data["raw_allreduce_busy"] = {
             str(k): v for k, v in bench.raw_allreduce(sizes, busy=True).items()}

@@ -312,7 +312,7 @@ std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const Shm
 
 size_t shm_slice_bytes() {
   const auto v = env_int("DDP_SHM_SLICE_BYTES");
-  return v && *v > 0 ? static_cast<size_t>(*v) : size_t(1) << 20;
+  return v && *v > 0 ? static_cast<size_t>(*v) : size_t(512) << 10;
 }
 
 std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,

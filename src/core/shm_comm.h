@@ -38,7 +38,7 @@ struct ShmSetup {
 std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,
                                     std::string* why_not);
 
-/// The slice size of the transport: DDP_SHM_SLICE_BYTES, else 1 MiB.
+/// The slice size of the transport: DDP_SHM_SLICE_BYTES, else 512 KiB (docs/shm.md).
 size_t shm_slice_bytes();
 
 }  // namespace detail

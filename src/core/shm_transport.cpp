@@ -467,8 +467,8 @@ void Transport::init_header() {
       c->bytes[s].store(0, std::memory_order_relaxed);
     }
   }
-  // Published to the other ranks by the store (their shm_open follows rank 0's set).
-  std::atomic_thread_fence(std::memory_order_release);
+  // Published to the other ranks through the store: they map the segment only after
+  // reading its name, which rank 0 writes after this (a system call on both sides).
 }
 
 void Transport::unlink() {

@@ -67,7 +67,7 @@ struct Options {
   int world_size = 1;
   /// Bytes per rank per slice (rounded up to 4 KiB). The segment holds
   /// 2 * (world_size + 1) slices.
-  size_t slice_bytes = size_t(1) << 20;
+  size_t slice_bytes = size_t(512) << 10;
   /// Each collective fails with kTimeout after waiting this long for its peers.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };

@@ -110,7 +110,7 @@ TEST_P(ShmWorldTest, AllReduceEqualsTheFoldInRankOrderForEveryDtypeAndOp) {
                                               at::kBFloat16, at::kInt,    at::kLong};
   const std::vector<ddp::ReduceOp> ops = {ddp::ReduceOp::SUM, ddp::ReduceOp::MAX,
                                           ddp::ReduceOp::MIN, ddp::ReduceOp::AVG};
-  // 300001 float32 elements span two slices of the default 1 MiB.
+  // 300001 float32 elements span three slices of the default 512 KiB.
   const std::vector<int64_t> sizes = {1, 7, 1000, 300001};
   std::mutex mu;
   std::map<std::string, std::vector<at::Tensor>> results;  // per case, per rank
@@ -159,7 +159,7 @@ TEST_P(ShmWorldTest, AllReduceEqualsTheFoldInRankOrderForEveryDtypeAndOp) {
 
 TEST_P(ShmWorldTest, SumsOfIntegersAreExact) {
   const int world = GetParam();
-  const int64_t n = 1 << 20;  // 4 MiB of float32: four slices
+  const int64_t n = 1 << 20;  // 4 MiB of float32: eight slices
   run_shm(world, [&](ddp::ProcessGroup& pg) {
     at::Tensor idx = at::arange(n, at::kLong);
     at::Tensor f = (idx.remainder(1000) + pg.rank()).to(at::kFloat);

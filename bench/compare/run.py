@@ -5,7 +5,7 @@ For each model (small, cnn, wide) it runs six configurations, interleaved trial 
 (ABAB...): C++ and Python, each as DDP at world size 2, DDP at world size 1 and the plain
 loop without DDP. Before timing, it trains both sides a few steps from identical weights
 and data and checks that their parameters agree, so both really did the same work. Then
-it measures raw Gloo all-reduce (bench_allreduce) at DDP's bucket sizes and the loopback
+it measures raw all-reduce (of the backend ddp-cpp uses) (bench_allreduce) at DDP's bucket sizes and the loopback
 ceiling, draws a DDP timeline from a traced run, and writes a markdown report.
 
 Run it through bench/run-compare, which builds what it needs first.

@@ -55,7 +55,9 @@ void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
   for (auto& t : threads) t.join();
 }
 
-float input(int rank, size_t i) { return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % 101) * 0.25f; }
+float input(int rank, size_t i) {
+  return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % 101) * 0.25f;
+}
 
 void all_reduce_matches_the_fold(int world, size_t count, size_t slice) {
   std::vector<std::vector<float>> out(static_cast<size_t>(world));
@@ -77,8 +79,8 @@ void all_reduce_matches_the_fold(int world, size_t count, size_t slice) {
       if (std::memcmp(&out[static_cast<size_t>(r)][i], &want, sizeof(float)) != 0) ++bad;
     }
   }
-  check(bad == 0, "all_reduce of " + std::to_string(count) + " floats on " +
-                      std::to_string(world) + " ranks: " + std::to_string(bad) + " wrong");
+  check(bad == 0, "all_reduce of " + std::to_string(count) + " floats on " + std::to_string(world) +
+                      " ranks: " + std::to_string(bad) + " wrong");
 }
 
 void broadcast_and_gather(int world) {
@@ -115,9 +117,9 @@ void a_missing_rank_times_out_and_stops_the_others() {
       if (e.kind() == Error::Kind::kAborted) ++aborted;
     }
   });
-  check(timed_out >= 1 && timed_out + aborted == 2, "a missing rank: timeouts " +
-                                                        std::to_string(timed_out.load()) +
-                                                        ", aborts " + std::to_string(aborted.load()));
+  check(timed_out >= 1 && timed_out + aborted == 2,
+        "a missing rank: timeouts " + std::to_string(timed_out.load()) + ", aborts " +
+            std::to_string(aborted.load()));
 }
 
 }  // namespace

@@ -84,8 +84,7 @@ ccl::shared_ptr_class<ccl::kvs> make_kvs(int rank, const std::string& path) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: RANK=r WORLD_SIZE=n %s KVS_FILE [MIN [MAX [REPEATS]]]\n",
-                 argv[0]);
+    std::fprintf(stderr, "usage: RANK=r WORLD_SIZE=n %s KVS_FILE [MIN [MAX [REPEATS]]]\n", argv[0]);
     return 1;
   }
   const std::string kvs_file = argv[1];

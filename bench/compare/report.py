@@ -165,6 +165,12 @@ def markdown(data, summary=None):
         % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"], _cpp_backend(data),
            st.get("malloc", "default" if st.get("no_hugetlb") else "hugetlb")))
     add("| run time | %.0f s |" % meta["elapsed_s"])
+    relaunched = data.get("relaunched", [])
+    add("| relaunched trials | %s |" % (
+        "none" if not relaunched else "%d (a launch that failed was run again): %s" % (
+            len(relaunched), "; ".join("%s %s: %s" % (r["model"], r["config"],
+                                                       r["error"].replace("|", "/")[:200])
+                                       for r in relaunched))))
     add("")
     add("Iteration time = zero_grad + forward + loss + backward + optimizer step: the median "
         "over the measured iterations of a trial, on the slowest rank. Cells show the median over "

@@ -83,6 +83,9 @@ def parse_args(argv):
     ap.add_argument("--name", default=None,
                     help="report file stem (default: compare, or compare-quick with --quick)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="relaunches of a timing trial whose launch failed (a crash on either "
+                         "side); each one is listed in the report")
     ap.add_argument("--verbose", action="store_true", help="print every rank's output")
     ap.add_argument("--update-readme", action="store_true",
                     help="with --render: also rewrite the results block of README.md")
@@ -115,6 +118,7 @@ class Bench:
         # ddp-cpp's runs use (an empty --cpp-backend picks shared memory on one host).
         self.raw_backend = "gloo" if args.cpp_backend == "gloo" else "shm"
         self.commands = []
+        self.relaunched = []  # timing launches that failed and were run again
 
     def command(self, side, model, mode, out, extra=(), warmup=None, iters=None):
         warmup = self.args.warmup if warmup is None else warmup
@@ -194,7 +198,21 @@ class Bench:
         """One launch. Returns {config key: trial}; the world-size-1 DDP launch yields the
         plain loop's trial too."""
         extra = ["--with-plain", "1"] if mode == "ddp" and world == 1 else []
-        out, cmd = self.launch(side, model, mode, world, extra)
+        for attempt in range(self.args.retries + 1):
+            try:
+                out, cmd = self.launch(side, model, mode, world, extra)
+                break
+            except launch.RunError as e:
+                # A timing launch that crashed measured nothing; run it again, and say so.
+                # The equivalence check and the traced runs are never retried.
+                if attempt == self.args.retries:
+                    raise
+                first = str(e).splitlines()[0]
+                tail = [line for line in str(e).splitlines() if line.strip()][-1:]
+                self.relaunched.append({"config": key(side, mode, world), "model": model,
+                                        "error": first + (" | " + tail[0] if tail else "")})
+                print("[compare] relaunching %s %s: %s" % (model, key(side, mode, world), first),
+                      flush=True)
         ranks = launch.read_ranks(out, world)
         shutil.rmtree(out, ignore_errors=True)
         shown = self.launcher.describe(world, [c.replace(out, "OUT") for c in cmd])
@@ -396,6 +414,7 @@ def main(argv=None):
     finally:
         shutil.rmtree(bench.tmp, ignore_errors=True)
 
+    data["relaunched"] = bench.relaunched
     meta["load_after"] = launch.load_average()
     meta["elapsed_s"] = time.monotonic() - started
     meta["commands"] = report.example_commands(data)
@@ -415,6 +434,11 @@ def main(argv=None):
             == os.path.join(ROOT, "bench", "results")
             and report.update_readme(readme, data)):
         print("[compare] updated the results in %s" % os.path.relpath(readme))
+        if "timeline" in data:
+            # The README shows the timeline of the same run as its table.
+            shutil.copy(os.path.join(args.results_dir, data["timeline"]["svg"]),
+                        os.path.join(ROOT, "docs", "img", "timeline.svg"))
+            print("[compare] updated docs/img/timeline.svg")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "core/hier_comm.h"
 #include "core/host_identity.h"
 #include "core/shm_comm.h"
 #include "core/store_wait.h"
@@ -31,6 +32,7 @@
 #include <ddp/errors.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -715,10 +717,87 @@ std::unique_ptr<Comm> make_shm(const CommConfig& c, const c10::intrusive_ptr<c10
   return nullptr;
 }
 
+// Note [Hierarchical all-reduce]: for an empty backend on CPUs, when the ranks span
+// hosts and some host has several. nullptr when the hierarchy does not apply.
+std::unique_ptr<Comm> make_hier(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store,
+                                const std::vector<HostIdentity>& ids) {
+  const HostLayout layout = host_layout(ids, c.rank);
+  if (!wants_hierarchy(layout)) return nullptr;
+  auto global = make_gloo(c, store);
+  std::unique_ptr<Comm> local;
+  std::string why_not;
+  if (layout.local_size > 1) {
+    c10::intrusive_ptr<c10d::Store> host_store =
+        c10::make_intrusive<c10d::PrefixStore>("ddp/hier/host" + std::to_string(layout.host),
+                                               store);
+    CommConfig lc = c;
+    lc.rank = layout.local_rank;
+    lc.world_size = layout.local_size;
+    ShmSetup setup;
+    setup.store_set = [host_store](const std::string& k, const std::string& v) {
+      store_set_on(*host_store, k, v);
+    };
+    setup.store_try_get = [host_store](const std::string& k) {
+      return store_try_get_on(*host_store, k);
+    };
+    for (int r : layout.host_ranks) setup.identities.push_back(ids[static_cast<size_t>(r)]);
+    setup.make_fallback = [] { return std::unique_ptr<Comm>(); };  // all_reduce, broadcast only
+    local = make_shm_comm(lc, setup, &why_not);
+  }
+  // All hosts or none: a host without shared memory makes every rank use plain Gloo.
+  at::Tensor ok = at::full({1}, local || layout.local_size == 1 ? 1 : 0, at::kInt);
+  std::vector<at::Tensor> flag{ok};
+  global->all_reduce(flag, ReduceOp::MIN)->wait();
+  if (ok.item<int>() == 0) {
+    if (!why_not.empty()) {
+      std::fprintf(stderr,
+                   "[ddp] rank %d: shared memory is not usable on this host (%s); the group "
+                   "uses gloo without the hierarchy\n",
+                   c.rank, why_not.c_str());
+    }
+    if (local) local->shutdown();
+    return global;
+  }
+  std::unique_ptr<Comm> leaders;
+  if (layout.leader()) {
+    CommConfig gc = c;
+    gc.rank = layout.host;
+    gc.world_size = layout.hosts;
+    leaders = make_gloo(gc, c10::make_intrusive<c10d::PrefixStore>("ddp/hier/leaders", store));
+  }
+  return make_hier_comm(c, layout, std::move(global), std::move(local), std::move(leaders));
+}
+
 }  // namespace
 
-std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
-  if (c.world_size == 1) return std::make_unique<LocalComm>(c);
+// Note [Interface from peers]: the interface and local placement of a file:// group.
+static void place_from_peers(CommConfig& c, const std::vector<HostIdentity>& ids) {
+  const LocalPlacement p = local_placement(ids, c.rank);
+  if (c.local_world_size < 0) c.local_world_size = p.local_world_size;
+  if (c.local_rank < 0) c.local_rank = p.local_rank;
+  if (!c.gloo_interface.empty()) return;  // GLOO_SOCKET_IFNAME
+  std::string error;
+  c.gloo_interface = choose_gloo_interface(ids, c.rank, &error);
+  if (!error.empty()) {
+    throw ProcessGroupError("rank " + std::to_string(c.rank) + " of " +
+                            std::to_string(c.world_size) + " (" + c.init_method +
+                            "): the ranks span hosts, and Gloo needs an interface that reaches "
+                            "them all, but " +
+                            error +
+                            ". Set GLOO_SOCKET_IFNAME on every rank to the interface that "
+                            "connects the hosts.");
+  }
+  if (c.gloo_interface.empty()) c.gloo_address = "127.0.0.1";
+}
+
+std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
+  if (config.world_size == 1) {
+    CommConfig c = config;
+    if (c.local_rank < 0) c.local_rank = 0;
+    if (c.local_world_size < 0) c.local_world_size = 1;
+    return std::make_unique<LocalComm>(c);
+  }
+  CommConfig c = config;
 
   c10::intrusive_ptr<c10d::Store> store;
   try {
@@ -747,6 +826,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
   }
 
   const std::vector<HostIdentity> identities = wait_for_arrivals(c, *store);
+  if (c.placement_from_peers) place_from_peers(c, identities);
 
   // Every collective is numbered and recorded (Note [Flight recorder]), and checked
   // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
@@ -757,6 +837,9 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& c) {
   try {
     if (c.backend == "shm" || c.backend_auto) {
       if (auto comm = make_shm(c, store, identities)) return traced(std::move(comm));
+    }
+    if (c.backend_auto) {
+      if (auto comm = make_hier(c, store, identities)) return traced(std::move(comm));
     }
     if (c.backend == "gloo") return traced(make_gloo(c, store));
 #ifdef DDP_WITH_NCCL

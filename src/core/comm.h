@@ -39,6 +39,10 @@ struct CommConfig {
   // Gloo binds its connections here: an interface name, or else an address.
   std::string gloo_interface;
   std::string gloo_address;
+  // init_method file://: Comm::create picks the interface (unless GLOO_SOCKET_IFNAME
+  // named one) and, when they are -1, local_rank and local_world_size, from what the
+  // ranks tell each other at the rendezvous (Note [Interface from peers]).
+  bool placement_from_peers = false;
 
   // Diagnostics (Note [Collective fingerprints], Note [Flight recorder]).
   bool debug_detail = false;              // DDP_DEBUG=detail / InitOptions::debug

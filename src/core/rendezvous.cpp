@@ -12,7 +12,9 @@
 //     crashed earlier run on the same port is never joined.
 // Gloo's own pair connections then bind to 127.0.0.1. Multi-host runs use TCPStore
 // (see the README's security note) and bind Gloo to the interface that reaches
-// MASTER_ADDR (or GLOO_SOCKET_IFNAME).
+// MASTER_ADDR (or GLOO_SOCKET_IFNAME). init_method file:// names a file that may sit on
+// a shared filesystem, so its interface is chosen from what the ranks exchange
+// (Note [Interface from peers]).
 
 #include "core/check.h"
 #include "core/comm.h"
@@ -263,7 +265,9 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
               "init_method file:// needs "
               "an absolute path (file:///dir/store), but got '",
               m, "'.");
-    c.gloo_address = "127.0.0.1";
+    // The file may be on a shared filesystem, with ranks on several hosts: the
+    // interface is chosen once they have met (Note [Interface from peers]).
+    if (auto iface = env_string("GLOO_SOCKET_IFNAME")) c.gloo_interface = *iface;
   } else if (m.rfind("tcp://", 0) == 0) {
     c.store = CommConfig::StoreKind::kTcp;
     parse_host_port(m.substr(6), "init_method " + m, c.master_addr, c.master_port);
@@ -325,8 +329,14 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.gloo_interface = interface_for(c.master_addr);
     }
   }
-  if (c.local_world_size < 0) c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;
-  if (c.local_rank < 0) c.local_rank = c.local_world_size == c.world_size ? c.rank : 0;
+  if (c.store == CommConfig::StoreKind::kFile && m.rfind("file://", 0) == 0) {
+    c.placement_from_peers = true;  // interface, and local_rank/local_world_size when -1
+  } else {
+    if (c.local_world_size < 0) {
+      c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;
+    }
+    if (c.local_rank < 0) c.local_rank = c.local_world_size == c.world_size ? c.rank : 0;
+  }
   resolve_diagnostics(o, c);
   return c;
 }

@@ -236,6 +236,10 @@ class ShmComm final : public Comm {
     return fallback().store_try_get(key);
   }
 
+  void abort_transport() {
+    if (engine_) engine_->transport().abort();
+  }
+
   void shutdown() override {
     if (engine_) {
       engine_->stop();
@@ -249,7 +253,10 @@ class ShmComm final : public Comm {
 
  private:
   Comm& fallback() {
-    DDP_CHECK(fallback_, "process group of ", where(*config_), " was already shut down");
+    // A hierarchy's host group has none: it only ever gets all-reduces and broadcasts
+    // that shared memory carries (Note [Hierarchical all-reduce]).
+    DDP_CHECK(fallback_, "process group of ", where(*config_),
+              " was already shut down, or has no Gloo group for this call");
     return *fallback_;
   }
 
@@ -309,6 +316,10 @@ std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const Shm
 }
 
 }  // namespace
+
+void abort_shm_comm(Comm& comm) {
+  if (auto* shm = dynamic_cast<ShmComm*>(&comm)) shm->abort_transport();
+}
 
 size_t shm_slice_bytes() {
   const auto v = env_int("DDP_SHM_SLICE_BYTES");

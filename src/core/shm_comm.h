@@ -38,6 +38,11 @@ struct ShmSetup {
 std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,
                                     std::string* why_not);
 
+/// When `comm` is a "shm" Comm, makes every wait of every rank of its transport fail at
+/// once (a hierarchy whose leader failed stops the ranks of its host this way, Note
+/// [Hierarchical all-reduce]). Other Comms: nothing.
+void abort_shm_comm(Comm& comm);
+
 /// The slice size of the transport: DDP_SHM_SLICE_BYTES, else 512 KiB (docs/shm.md).
 size_t shm_slice_bytes();
 

@@ -96,7 +96,9 @@ std::shared_ptr<CommHook> fp16_compress_hook() {
 std::shared_ptr<CommHook> bf16_compress_hook() {
   return make_comm_hook(
       [](GradBucket& bucket) {
-        const bool gloo = bucket.process_group().backend() == "gloo";
+        // Gloo (also the hosts' leaders of "hier") may lack bfloat16 all-reduce (1.13).
+        const std::string& backend = bucket.process_group().backend();
+        const bool gloo = backend == "gloo" || backend == "hier";
         return compressed_allreduce(bucket, at::kBFloat16,
                                     gloo ? std::optional<at::ScalarType>(at::kFloat)
                                          : std::nullopt);

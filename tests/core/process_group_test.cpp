@@ -484,6 +484,46 @@ DDP_SCENARIO(launcher_all_reduce) {
   return 0;
 }
 
+// Started by tests/ddprun/test_two_hosts.py in two network namespaces, with no launcher:
+// RANK and WORLD_SIZE only, init_method DDP_TEST_INIT_METHOD (file:// on a folder both
+// hosts see) and backend DDP_TEST_BACKEND. Local placement must come from the peers.
+DDP_SCENARIO(file_store_hosts) {
+  const char* method = std::getenv("DDP_TEST_INIT_METHOD");
+  const char* backend = std::getenv("DDP_TEST_BACKEND");
+  const char* want_local = std::getenv("DDP_TEST_LOCAL_WORLD_SIZE");
+  if (method == nullptr || want_local == nullptr) return 2;
+  ddp::ProcessGroupGuard guard(ddp::InitOptions()
+                                   .init_method(method)
+                                   .backend(backend ? backend : "")
+                                   .timeout(std::chrono::seconds(60)));
+  const int r = ddp::get_rank(), n = ddp::get_world_size();
+  auto t = at::full({1 << 16}, static_cast<float>(r + 1));
+  ddp::all_reduce(t);
+  if (!at::equal(t, at::full({1 << 16}, n * (n + 1) / 2.0f))) return 3;
+  // Rounded sums, several in flight at once, of odd sizes: the same bits on every rank.
+  std::vector<at::Tensor> sums;
+  std::vector<ddp::Work> works;
+  for (int64_t numel : {1, 7, 300001}) {
+    at::manual_seed(1000 + r);
+    sums.push_back(at::randn({numel}, at::kFloat));
+    std::vector<at::Tensor> one{sums.back()};
+    works.push_back(ddp::default_group()->all_reduce_async(one, ddp::ReduceOp::SUM));
+  }
+  for (auto& w : works) w.wait();
+  for (const auto& s : sums) {
+    const auto all = ddp::all_gather(s);
+    for (const auto& other : all) {
+      if (!at::equal(other, all[0])) return 5;
+    }
+  }
+  const int lws = std::atoi(want_local);
+  if (ddp::get_local_world_size() != lws || ddp::get_local_rank() != r % lws) return 4;
+  ddp::barrier();
+  std::printf("rank %d of %d (local %d of %d, %s): all_reduce ok\n", r, n, ddp::get_local_rank(),
+              ddp::get_local_world_size(), ddp::default_group()->backend().c_str());
+  return 0;
+}
+
 class MultiProcTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(MultiProcTest, EnvInitAllReduce) {

@@ -299,6 +299,118 @@ TEST(HostIdentityTest, EncodesAndComparesHosts) {
   EXPECT_TRUE(ddp::detail::all_on_one_shm_host({me, me}));
 }
 
+// Note [Interface from peers]: hosts made up of identities with hand-written addresses.
+static ddp::detail::HostIdentity fake_host(const std::string& name, uint64_t netns,
+                                           std::vector<std::pair<std::string, std::string>> addrs) {
+  ddp::detail::HostIdentity id;
+  id.hostname = name;
+  id.boot_id = "boot-" + name;
+  id.net_namespace = netns;
+  for (const auto& [cidr, iface] : addrs) {
+    // cidr is "a.b.c.d/p": parsed through decode, as a peer's announcement would be.
+    ddp::detail::HostIdentity parsed;
+    EXPECT_TRUE(ddp::detail::decode("host-v2 x y 1 1 1 1 1 1 " + cidr + "/" + iface, parsed));
+    id.addresses.push_back(parsed.addresses.at(0));
+  }
+  return id;
+}
+
+TEST(HostIdentityTest, CarriesNamespaceAndAddresses) {
+  using ddp::detail::HostIdentity;
+  const HostIdentity me = ddp::detail::local_host_identity();
+  EXPECT_NE(me.net_namespace, 0u);
+  HostIdentity back;
+  ASSERT_TRUE(ddp::detail::decode(ddp::detail::encode(me), back));
+  EXPECT_EQ(back.net_namespace, me.net_namespace);
+  ASSERT_EQ(back.addresses.size(), me.addresses.size());
+  for (size_t i = 0; i < me.addresses.size(); ++i) {
+    EXPECT_EQ(back.addresses[i].ipv4, me.addresses[i].ipv4);
+    EXPECT_EQ(back.addresses[i].prefix, me.addresses[i].prefix);
+    EXPECT_EQ(back.addresses[i].interface, me.addresses[i].interface);
+    EXPECT_NE(back.addresses[i].ipv4 >> 24, 127u);  // loopback is never announced
+  }
+  // An older peer's announcement still decodes, with no namespace and no addresses.
+  ASSERT_TRUE(ddp::detail::decode("host-v1 h b 1 2 3 4", back));
+  EXPECT_EQ(back.net_namespace, 0u);
+  EXPECT_TRUE(back.addresses.empty());
+  EXPECT_FALSE(ddp::detail::decode("host-v2 h b 1 2 3 4 5 1 10.0.0.1/33/eth0", back));
+  EXPECT_FALSE(ddp::detail::decode("host-v2 h b 1 2 3 4 5 2 10.0.0.1/24/eth0", back));
+  EXPECT_EQ(ddp::detail::format_ipv4(0x0a010203u, 24), "10.1.2.3/24");
+}
+
+TEST(HostIdentityTest, ChoosesTheInterfaceThatReachesEveryOtherHost) {
+  using ddp::detail::choose_gloo_interface;
+  const auto a = fake_host("a", 7, {{"192.168.5.10/24", "wlan0"}, {"10.1.0.1/16", "ib0"}});
+  const auto a2 = a;  // a second rank on host a
+  const auto b = fake_host("b", 9, {{"10.1.7.2/16", "eth3"}});
+  const auto c = fake_host("c", 9, {{"10.1.200.9/16", "eth0"}, {"172.16.0.3/12", "docker0"}});
+  std::string error;
+  // One network host: loopback, no interface.
+  EXPECT_EQ(choose_gloo_interface({a, a2}, 1, &error), "");
+  EXPECT_EQ(error, "");
+  // Several: the first interface whose subnet holds an address of every other host.
+  EXPECT_EQ(choose_gloo_interface({a, a2, b, c}, 0, &error), "ib0");
+  EXPECT_EQ(choose_gloo_interface({a, a2, b, c}, 1, &error), "ib0");
+  EXPECT_EQ(choose_gloo_interface({a, a2, b, c}, 2, &error), "eth3");
+  EXPECT_EQ(choose_gloo_interface({a, a2, b, c}, 3, &error), "eth0");
+  EXPECT_EQ(error, "");
+  // Same host name and boot, another network namespace (a container): not loopback.
+  auto a_container = fake_host("a", 8, {{"10.1.9.9/16", "veth0"}});
+  EXPECT_EQ(choose_gloo_interface({a, a_container}, 0, &error), "ib0");
+  // A host no interface reaches: an error that names it and its addresses.
+  const auto far = fake_host("far", 3, {{"8.8.8.8/32", "eth0"}});
+  EXPECT_EQ(choose_gloo_interface({a, b, far}, 0, &error), "");
+  EXPECT_NE(error.find("rank 2 is on 'far' with addresses 8.8.8.8/32 (eth0)"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("192.168.5.10/24 (wlan0)"), std::string::npos) << error;
+}
+
+TEST(HostIdentityTest, HostLayoutForTheHierarchy) {
+  // Shared-memory hosts a, b, c; ranks 0..5 on a, b, a, c, b, a.
+  auto host = [](const std::string& name) {
+    auto id = fake_host(name, 7, {});
+    id.shm_device = 1;
+    id.shm_inode = name[0];
+    return id;
+  };
+  const std::vector<ddp::detail::HostIdentity> ids{host("a"), host("b"), host("a"),
+                                                   host("c"), host("b"), host("a")};
+  const auto l5 = ddp::detail::host_layout(ids, 5);
+  EXPECT_EQ(l5.host, 0);
+  EXPECT_EQ(l5.hosts, 3);
+  EXPECT_EQ(l5.local_rank, 2);
+  EXPECT_EQ(l5.local_size, 3);
+  EXPECT_EQ(l5.largest_host, 3);
+  EXPECT_EQ(l5.host_ranks, (std::vector<int>{0, 2, 5}));
+  EXPECT_FALSE(l5.leader());
+  const auto l4 = ddp::detail::host_layout(ids, 4);
+  EXPECT_EQ(l4.host, 1);
+  EXPECT_EQ(l4.local_rank, 1);
+  EXPECT_EQ(l4.host_ranks, (std::vector<int>{1, 4}));
+  const auto l3 = ddp::detail::host_layout(ids, 3);
+  EXPECT_EQ(l3.host, 2);
+  EXPECT_TRUE(l3.leader());
+  EXPECT_EQ(l3.local_size, 1);
+  EXPECT_TRUE(ddp::detail::wants_hierarchy(l3));
+  // One host, or one rank per host: no hierarchy.
+  EXPECT_FALSE(ddp::detail::wants_hierarchy(ddp::detail::host_layout({host("a"), host("a")}, 0)));
+  EXPECT_FALSE(
+      ddp::detail::wants_hierarchy(ddp::detail::host_layout({host("a"), host("b"), host("c")}, 1)));
+}
+
+TEST(HostIdentityTest, LocalPlacementGroupsRanksByNetworkHost) {
+  const auto a = fake_host("a", 7, {});
+  const auto b = fake_host("b", 7, {});
+  const std::vector<ddp::detail::HostIdentity> ids{a, b, a, b, b};
+  const int want_rank[] = {0, 0, 1, 1, 2};
+  const int want_size[] = {2, 3, 2, 3, 3};
+  for (int r = 0; r < 5; ++r) {
+    const auto p = ddp::detail::local_placement(ids, r);
+    EXPECT_EQ(p.local_rank, want_rank[r]) << "rank " << r;
+    EXPECT_EQ(p.local_world_size, want_size[r]) << "rank " << r;
+  }
+}
+
 // ---- Processes ---------------------------------------------------------------------
 
 constexpr int kBroken = 21;

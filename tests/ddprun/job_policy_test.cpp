@@ -359,17 +359,48 @@ const std::vector<ElasticRow> kElasticRows = {
       {joined(1), last_call()},
       {joined(2), start_with(0, {0, 1, 2})},
       {lost(1), exit_with(kExitLinkLost, 1)}}},
-    {"LateHostJoinsAtTheNextRestart",
+    {"LateHostIsAdmittedByARestartAtOnce",
+     1,
+     3,
+     0,
+     {
+         {joined(0), last_call()},
+         {last_call_over(), start_with(0, {0})},
+         {joined(1), restart(1, -1)},  // no restarts left, yet a join restarts (torchrun)
+         {joined(2), wait()},          // joins the restart under way
+         {stopped(0, 1), start_with(1, {0, 1, 2})},
+         {failed(1, 1, 4), exit_with(4, 1)},  // and the budget is still untouched: 0 of 0
+     }},
+    {"JoinAfterAFailureRestartJoinsIt",
      1,
      3,
      2,
      {{joined(0), last_call()},
       {last_call_over(), start_with(0, {0})},
-      {joined(1), wait()},
       {failed(0, 0, 4), restart(1, 0)},
+      {joined(1), wait()},
       {stopped(0, 1), start_with(1, {0, 1})},
       {finished(0, 1), wait()},
       {finished(1, 1), success()}}},
+    {"NoAdmissionOnceAHostFinished",
+     2,
+     3,
+     2,
+     {{joined(0), wait()},
+      {joined(1), last_call()},
+      {last_call_over(), start_with(0, {0, 1})},
+      {finished(1, 0), wait()},
+      {joined(2), wait()},
+      {finished(0, 0), success()}}},
+    {"NoAdmissionBeyondMax",
+     1,
+     2,
+     2,
+     {{joined(0), last_call()},
+      {joined(1), start_with(0, {0, 1})},
+      {joined(2), wait()},
+      {finished(0, 0), wait()},
+      {finished(1, 0), success()}}},
     {"LostWhileRestartingMayBeTheLastAwaited",
      2,
      3,
@@ -387,9 +418,9 @@ const std::vector<ElasticRow> kElasticRows = {
      1,
      {{joined(0), last_call()},
       {last_call_over(), start_with(0, {0})},
+      {failed(0, 0, 4), restart(1, 0)},
       {joined(1), wait()},
       {lost(1), wait()},
-      {failed(0, 0, 4), restart(1, 0)},
       {stopped(0, 1), start_with(1, {0})}}},
     {"LostBeforeTheStartIsForgotten",
      2,
@@ -416,6 +447,32 @@ INSTANTIATE_TEST_SUITE_P(Rows, ElasticPolicyTable, testing::ValuesIn(kElasticRow
                          [](const testing::TestParamInfo<ElasticRow>& info) {
                            return std::string(info.param.name);
                          });
+
+TEST(JobPolicy, RestartCountCountsFailuresNotAdmissions) {
+  JobPolicy policy(3, 2, "run42", 1);  // --nnodes 1:3 --max-restarts 2
+  policy.on(joined(0));
+  EXPECT_EQ(policy.on(last_call_over()).restarts, 0);
+  const Decision admit = policy.on(joined(1));
+  ASSERT_EQ(admit.kind, Decision::Restart);
+  EXPECT_EQ(admit.node, -1);
+  EXPECT_NE(admit.why.find("node 1 joined"), std::string::npos) << admit.why;
+  const Decision second = policy.on(stopped(0, 1));
+  EXPECT_EQ(second.attempt, 1);
+  EXPECT_EQ(second.restarts, 0);  // TORCHELASTIC_RESTART_COUNT stays 0
+  const Decision after_failure = policy.on(failed(1, 1, 3));
+  ASSERT_EQ(after_failure.kind, Decision::Restart);
+  EXPECT_EQ(after_failure.restarts, 1);
+  policy.on(stopped(0, 2));
+  const Decision third = policy.on(stopped(1, 2));
+  EXPECT_EQ(third.kind, Decision::Start);
+  EXPECT_EQ(third.attempt, 2);
+  EXPECT_EQ(third.restarts, 1);
+  // One restart left of 2: the next failure restarts, the one after ends the job.
+  EXPECT_EQ(policy.on(failed(0, 2, 5)).kind, Decision::Restart);
+  policy.on(stopped(0, 3));
+  EXPECT_EQ(policy.on(stopped(1, 3)).restarts, 2);
+  EXPECT_EQ(policy.on(failed(0, 3, 5)).kind, Decision::Exit);
+}
 
 TEST(JobPolicy, DecisionsCarryRunIdAndReasons) {
   JobPolicy policy(2, 1, "run42");

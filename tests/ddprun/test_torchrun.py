@@ -11,6 +11,10 @@ import subprocess
 
 import ddprun_testlib as T
 
+# The Python with PyTorch that runs the PyTorch DDP programs: the configuration's own
+# (CTest sets it), else Debian's python3-torch.
+TORCH_PYTHON = os.environ.get("DDPRUN_TEST_TORCH_PYTHON") or "/usr/bin/python3"
+
 RUN_DOC = "https://pytorch.org/docs/stable/elastic/run.html"
 QUICKSTART_DOC = "https://pytorch.org/docs/stable/elastic/quickstart.html"
 
@@ -136,7 +140,7 @@ class TorchrunLinesTest(T.DdprunTestCase):
                 self.check_job(argv, nnodes, self.load(out_dir), results)
 
     def test_documented_lines_with_pytorch_ddp(self):
-        # Debian's python3-torch runs the script (a DDP step over gloo); lines of up to 4
+        # Python PyTorch runs the script (a DDP step over gloo); lines of up to 4
         # workers, as each is a full PyTorch process.
         for source, line in LINES:
             held = T.HeldPort()
@@ -149,7 +153,7 @@ class TorchrunLinesTest(T.DdprunTestCase):
                 if world > 4:
                     continue
                 with self.subTest(source=source, line=line):
-                    env = dict(DDPRUN_PYTHON="/usr/bin/python3", GLOO_SOCKET_IFNAME="lo")
+                    env = dict(DDPRUN_PYTHON=TORCH_PYTHON, GLOO_SOCKET_IFNAME="lo")
                     # A file names the store (see ddp_gloo.py): ddprun's MASTER_PORT is one it
                     # found free on one host and 29500 on several, which concurrent tests could
                     # take; test_python_ddp_standalone covers env://.
@@ -255,7 +259,7 @@ class DynamicRanksTest(HostsTestCase):
 
     def test_python_ddp_on_two_hosts(self):
         init_file = os.path.join(self.tmp, "store")
-        env = dict(DDPRUN_PYTHON="/usr/bin/python3", GLOO_SOCKET_IFNAME="lo", DDP_TEST_INIT_FILE=init_file)
+        env = dict(DDPRUN_PYTHON=TORCH_PYTHON, GLOO_SOCKET_IFNAME="lo", DDP_TEST_INIT_FILE=init_file)
         hosts = [self.host([T.worker("ddp_gloo.py")], nnodes=2, serve=(h == 0), **env) for h in range(2)]
         out = ""
         for p in hosts:
@@ -293,29 +297,32 @@ class ElasticTest(HostsTestCase):
         lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
         self.assertEqual(lines, ["rank %d of 4 group %d of 2 restart 1 of 3" % (r, r // 2) for r in range(4)])
 
-    def test_late_host_joins_at_the_next_restart(self):
-        marks, go = os.path.join(self.tmp, "marks"), os.path.join(self.tmp, "go")
+    def test_late_host_is_admitted_by_a_restart_at_once(self):
+        # torchrun's membership change: a host that joins a running job makes every host
+        # restart its workers, now with it, without using --max-restarts (0 here) and
+        # without changing TORCHELASTIC_RESTART_COUNT.
+        marks = os.path.join(self.tmp, "marks")
         os.mkdir(marks)
-        # Attempt 0 waits for the test's go, then rank 0 fails; attempt 1 reports and ends.
-        cmd = ["bash", "-c", 'touch "$MARKS/a$TORCHELASTIC_RESTART_COUNT.r$RANK"; '
-               'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then while [ ! -e "$GO" ]; do sleep 0.05; done; '
-               '[ "$RANK" = 0 ] && exit 3; exec sleep 1000; fi; '
+        # On 2 hosts (WORLD_SIZE 4) the workers run until stopped; on 3 they report and end.
+        cmd = ["bash", "-c", 'touch "$MARKS/w$WORLD_SIZE.r$RANK"; '
+               '[ "$WORLD_SIZE" = 4 ] && exec sleep 1000; '
                'echo "rank $RANK of $WORLD_SIZE restart $TORCHELASTIC_RESTART_COUNT"']
-        extra = ["--nnodes=2:3", "--max-restarts=1", "--rdzv-conf=last_call_timeout=0.5"]
-        hosts = [self.host(cmd, extra=extra, serve=(h == 0), MARKS=marks, GO=go) for h in range(2)]
+        extra = ["--nnodes=2:3", "--max-restarts=0", "--rdzv-conf=last_call_timeout=0.5"]
+        hosts = [self.host(cmd, extra=extra, serve=(h == 0), MARKS=marks) for h in range(2)]
         self.assertTrue(T.wait_for(lambda: len(os.listdir(marks)) >= 4, 60), os.listdir(marks))
-        late = self.host(cmd, extra=extra, MARKS=marks, GO=go)
-        said = T.read_until(late, "this host is node 2 of 3", 30)
-        self.assertIn("this host is node 2 of 3", said)
-        self.assertEqual(len(os.listdir(marks)), 4)  # it waits for the next start
-        open(go, "w").close()
-        out = ""
+        late = self.host(cmd, extra=extra, MARKS=marks)
+        out, errs = "", []
         for p in hosts + [late]:
             rc, o, err = self.finish(p)
             self.assertEqual(rc, 0, err)
             out += o
+            errs.append(err)
+        self.assertIn("node 2 joined; restarting the workers to admit it", errs[0])
+        self.assertIn("this host is node 2 of 3", errs[2])
         lines = sorted(l.split("]: ", 1)[1] for l in out.splitlines())
-        self.assertEqual(lines, sorted("rank %d of 6 restart 1" % r for r in range(6)))
+        self.assertEqual(lines, sorted("rank %d of 6 restart 0" % r for r in range(6)))
+        self.assertEqual(sorted(os.listdir(marks)),
+                         sorted(["w4.r%d" % r for r in range(4)] + ["w6.r%d" % r for r in range(6)]))
 
     def test_other_range_refused(self):
         n0 = self.host(["true"], extra=["--nnodes=2:3", "--rdzv-conf=join_timeout=5"], serve=True)
@@ -336,9 +343,9 @@ class ElasticTest(HostsTestCase):
 
 class PythonProgramsTest(T.DdprunTestCase):
     def test_python_ddp_standalone(self):
-        # Debian's python3-torch: the interpreter for a .py program is DDPRUN_PYTHON here.
+        # Python PyTorch: the interpreter for a .py program is DDPRUN_PYTHON here.
         rc, out, err, _ = T.run(["--standalone", "--nproc-per-node=2", T.worker("ddp_gloo.py")],
-                                self.env(DDPRUN_PYTHON="/usr/bin/python3", GLOO_SOCKET_IFNAME="lo",
+                                self.env(DDPRUN_PYTHON=TORCH_PYTHON, GLOO_SOCKET_IFNAME="lo",
                                          OMP_NUM_THREADS=1), timeout=120)
         self.assertEqual(rc, 0, err)
         self.assertIn("[rank 1]: ddp ok rank 1 of 2", out)

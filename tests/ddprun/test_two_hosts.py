@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Two 'hosts' made of two network namespaces joined by a veth pair.
 
-    python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"] [unittest options]
+    python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"] [--core-tests PATH]
+                              [unittest options]
 
 Each namespace runs its own ddprun (--nnodes 2, node 0 in A, node 1 in B,
 --nproc-per-node 2). By default the worker dumps its environment, which is
 checked (RANK 0..3, WORLD_SIZE 4, ...); --worker-cmd swaps in another worker
 (e.g. a real 4-rank all_reduce), which then only has to exit 0 on all ranks.
+--core-tests runs the library's test binary without ddprun, two ranks per
+namespace, meeting through init_method file:// in a folder both see (the
+namespaces share the filesystem, as hosts share a network filesystem).
 
 The addresses (10.x.y.1 and .2) exist only inside the two namespaces; the
 host's own interfaces are never touched. Without root, `ip`, or namespace
@@ -31,6 +35,7 @@ VETH = ["dra%d" % (PID % 10**8), "drb%d" % (PID % 10**8)]
 SUBNET = "10.%d.%d" % (200 + PID % 50, (PID // 50) % 250)
 ADDR = [SUBNET + ".1", SUBNET + ".2"]
 WORKER_CMD = None
+CORE_TESTS = None
 
 
 def ip(*args, check=True):
@@ -160,6 +165,79 @@ class TwoHostTest(T.DdprunTestCase):
             self.assertEqual((e["MASTER_ADDR"], e["TORCHELASTIC_RUN_ID"]), (ADDR[0], "100"))
         self.assertIn("[rank 0]: rank 0 wrote", results[1][0])  # A is node 0
 
+    def run_file_store_ranks(self, backend, env_extra=None, timeout=120, private_shm=False):
+        """Four ranks, two per namespace, no launcher: [(output, returncode)] by rank.
+        private_shm: each namespace also gets its own /dev/shm (a mount namespace with a
+        fresh tmpfs, shared by the two ranks there), so that the namespaces are different
+        hosts for shared memory too."""
+        name = "%s-%s-%d" % (backend or "auto", "private" if private_shm else "shared",
+                             len(os.listdir(self.tmp)))
+        store_dir = os.path.join(self.tmp, "store-" + name)
+        logs = os.path.join(self.tmp, "logs-" + name)
+        os.mkdir(store_dir)
+        os.mkdir(logs)
+        env = T.base_env(WORLD_SIZE=4, OMP_NUM_THREADS=1, DDP_TEST_SCENARIO="file_store_hosts",
+                         DDP_TEST_INIT_METHOD="file://%s/store" % store_dir,
+                         DDP_TEST_BACKEND=backend, DDP_TEST_LOCAL_WORLD_SIZE=2)
+        for var in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "GLOO_SOCKET_IFNAME"):
+            env.pop(var, None)
+        env.update({k: str(v) for k, v in (env_extra or {}).items()})
+        procs = []
+        try:
+            for host in range(2):
+                lines = ["set -u"]
+                if private_shm:
+                    lines.append("mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm || exit 99")
+                for rank in (2 * host, 2 * host + 1):
+                    lines.append('RANK=%d "$0" > %s/rank%d.log 2>&1 & p%d=$!'
+                                 % (rank, logs, rank, rank))
+                for rank in (2 * host, 2 * host + 1):
+                    lines.append("wait $p%d; echo $? > %s/rank%d.rc" % (rank, logs, rank))
+                cmd = ["ip", "netns", "exec", NS[host]]
+                if private_shm:
+                    cmd += ["unshare", "--mount", "--propagation", "private"]
+                cmd += ["bash", "-c", "\n".join(lines), CORE_TESTS]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                out = p.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+                self.assertEqual(p.returncode, 0, "namespace script failed:\n" + out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        results = []
+        for rank in range(4):
+            with open(os.path.join(logs, "rank%d.log" % rank)) as f:
+                out = f.read()
+            with open(os.path.join(logs, "rank%d.rc" % rank)) as f:
+                results.append((out, int(f.read())))
+        return results
+
+    def test_file_store_across_hosts(self):
+        # init_method file:// on a shared folder: Gloo binds the veth interface that
+        # reaches the other namespace (not 127.0.0.1), and local ranks come from the
+        # host identities the ranks exchange, since no launcher sets LOCAL_*.
+        if not CORE_TESTS:
+            self.skipTest("needs --core-tests PATH")
+        # The namespaces share /dev/shm, so an empty backend finds one shared-memory host;
+        # with a /dev/shm of their own they are two, and it picks the hierarchy (shared
+        # memory within each, Gloo between the leaders).
+        for backend, private_shm, chosen in (("gloo", False, "gloo"), ("", False, "shm"),
+                                              ("", True, "hier")):
+            results = self.run_file_store_ranks(backend, private_shm=private_shm)
+            for rank, (out, rc) in enumerate(results):
+                self.assertEqual(rc, 0, "backend %r, rank %d:\n%s" % (backend, rank, out))
+                self.assertIn("rank %d of 4 (local %d of 2, %s)" % (rank, rank % 2, chosen), out)
+        # A named interface that does not exist is Gloo's error, on every rank, not a hang.
+        results = self.run_file_store_ranks("gloo", {"GLOO_SOCKET_IFNAME": "nosuch0"}, timeout=90)
+        for rank, (out, rc) in enumerate(results):
+            self.assertNotEqual(rc, 0, out)
+            self.assertIn("nosuch0", out)
+
     def test_failure_in_b_stops_a(self):
         def worker(node):
             if node == 1:
@@ -178,11 +256,15 @@ class TwoHostTest(T.DdprunTestCase):
 
 
 def main():
-    global WORKER_CMD
+    global WORKER_CMD, CORE_TESTS
     args = sys.argv[1:]
     if "--worker-cmd" in args:
         i = args.index("--worker-cmd")
         WORKER_CMD = shlex.split(args[i + 1])
+        del args[i:i + 2]
+    if "--core-tests" in args:
+        i = args.index("--core-tests")
+        CORE_TESTS = os.path.abspath(args[i + 1])
         del args[i:i + 2]
     sys.argv = [sys.argv[0]] + args
     why = setup_namespaces()

@@ -25,6 +25,10 @@ void expect_same(const Decision& a, const Decision& b) {
   EXPECT_EQ(a.node, b.node);
   EXPECT_EQ(a.run_id, b.run_id);
   EXPECT_EQ(a.why, b.why);
+  if (a.kind == Decision::Start || a.kind == Decision::Restart) {
+    EXPECT_EQ(a.restarts, b.restarts);
+    EXPECT_EQ(a.members, b.members);
+  }
 }
 
 Decision decision(Decision::Kind kind, int attempt, int code, int node, const std::string& run_id,
@@ -55,9 +59,14 @@ TEST(Wire, AgentLines) {
 
 TEST(Wire, Node0Lines) {
   EXPECT_EQ(encode(Node0Message::order(decision(Decision::Start, 0, 0, -1, "abc123", ""))),
-            "go 0 abc123");
-  EXPECT_EQ(encode(Node0Message::order(decision(Decision::Restart, 2, 0, 1, "", "rank 3 failed"))),
-            "restart 2 1 rank 3 failed");
+            "go 0 0 abc123");
+  Decision elastic_start = decision(Decision::Start, 3, 0, -1, "abc123", "");
+  elastic_start.restarts = 1;
+  elastic_start.members = {0, 2};
+  EXPECT_EQ(encode(Node0Message::order(elastic_start)), "go 3 1 abc123 0,2");
+  Decision failure_restart = decision(Decision::Restart, 2, 0, 1, "", "rank 3 failed");
+  failure_restart.restarts = 2;
+  EXPECT_EQ(encode(Node0Message::order(failure_restart)), "restart 2 1 2 rank 3 failed");
   EXPECT_EQ(encode(Node0Message::order(decision(Decision::Exit, 0, 5, 1, "", "rank 3 failed"))),
             "abort 5 1 rank 3 failed");
   EXPECT_EQ(encode(Node0Message::order(decision(Decision::Exit, 0, 0, -1, "", ""))), "done");
@@ -118,7 +127,15 @@ TEST(Wire, Node0MessagesRoundTrip) {
       decision(Decision::Exit, 0, 1, -1, "", ""),  // the hosts did not all join
       decision(Decision::Exit, 0, 0, -1, "", ""),  // done
   };
-  for (const Decision& d : decisions) {
+  std::vector<Decision> all = decisions;
+  Decision elastic = decision(Decision::Start, 4, 0, -1, "job42", "");
+  elastic.restarts = 2;
+  elastic.members = {0, 3, 5};
+  all.push_back(elastic);
+  Decision admit = decision(Decision::Restart, 5, 0, -1, "", "node 6 joined; restarting");
+  admit.restarts = 2;
+  all.push_back(admit);
+  for (const Decision& d : all) {
     const std::string line = encode(Node0Message::order(d));
     SCOPED_TRACE(line);
     const Node0Message m = decode_node0_message(line);
@@ -178,11 +195,14 @@ TEST_P(MalformedNode0Line, IsInvalid) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Lines, MalformedNode0Line,
-                         testing::Values("go", "go 0", "go x abc", "go 0 abc extra", "restart",
-                                         "restart 1", "restart x 0 why", "restart 1 y why", "abort",
-                                         "abort 1", "abort x 0 why", "abort 1 0x why", "done now",
-                                         "fail 0 3 why", "hello 1 2 3", "stopped 1", "ping now",
-                                         "2", "welcome", "welcome x", "welcome 1 2"));
+                         testing::Values("go", "go 0", "go x abc", "go 0 abc", "go 0 abc extra",
+                                         "go 0 x abc", "go 0 0 abc 1,x", "go 0 0 abc 1 2",
+                                         "restart", "restart 1", "restart 1 0 why",
+                                         "restart x 0 0 why", "restart 1 y 0 why",
+                                         "restart 1 0 z why", "abort", "abort 1", "abort x 0 why",
+                                         "abort 1 0x why", "done now", "fail 0 3 why",
+                                         "hello 1 2 3", "stopped 1", "ping now", "2", "welcome",
+                                         "welcome x", "welcome 1 2"));
 
 TEST(Wire, SplitWords) {
   using V = std::vector<std::string>;

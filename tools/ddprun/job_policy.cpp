@@ -79,8 +79,15 @@ Decision JobPolicy::on(const Event& e) {
   switch (e.kind) {
     case Event::NodeJoined: {
       if (started()) {
-        if (elastic() && !member(e.node) && present() < nnodes_) waiting_.insert(e.node);
-        return {};
+        if (!elastic() || member(e.node) || waiting_.count(e.node) || present() >= nnodes_)
+          return {};
+        waiting_.insert(e.node);
+        // torchrun's membership change: the running workers restart to take it in.
+        if (restart_decided_ || !finished_nodes_.empty()) return {};
+        return restart(attempt_ + 1, -1,
+                       "node " + std::to_string(e.node) +
+                           " joined; restarting the workers to admit it (a membership "
+                           "change, not counted against --max-restarts)");
       }
       joined_nodes_.insert(e.node);
       const int joined = static_cast<int>(joined_nodes_.size());
@@ -111,7 +118,8 @@ Decision JobPolicy::on(const Event& e) {
       // Reports of an earlier attempt, or of one already being restarted, come
       // from hosts that saw the same failure late.
       if (e.attempt != attempt_ || restart_decided_) return {};
-      if (e.attempt >= max_restarts_) return exit(e.code, e.node, e.why);
+      if (restarts_used_ >= max_restarts_) return exit(e.code, e.node, e.why);
+      ++restarts_used_;
       return restart(e.attempt + 1, e.node, e.why);
 
     case Event::WorkersFinished:
@@ -154,7 +162,8 @@ Decision JobPolicy::member_lost(const Event& e) {
                     " nodes (--nnodes MIN) are left");
   if (restart_decided_)  // it may have been the last one the restart waited for
     return all_members_in(stopped_nodes_) ? start(next_attempt_) : Decision{};
-  if (attempt_ >= max_restarts_) return exit(kExitLinkLost, e.node, e.why);
+  if (restarts_used_ >= max_restarts_) return exit(kExitLinkLost, e.node, e.why);
+  ++restarts_used_;
   return restart(attempt_ + 1, e.node, e.why);
 }
 
@@ -173,6 +182,7 @@ Decision JobPolicy::restart(int attempt, int node, const std::string& why) {
   d.attempt = attempt;
   d.node = node;
   d.why = why;
+  d.restarts = restarts_used_;
   return d;
 }
 
@@ -188,6 +198,7 @@ Decision JobPolicy::start(int attempt) {
   d.kind = Decision::Start;
   d.attempt = attempt;
   d.run_id = run_id_;
+  d.restarts = restarts_used_;
   if (elastic()) d.members.assign(members_.begin(), members_.end());
   return d;
 }

@@ -54,8 +54,11 @@ struct Decision {
   int code = 0;        // Exit: ddprun's exit code
   int node = -1;       // Restart, Exit: the node whose failure caused it, if any
   std::string run_id;  // Start
-  std::string why;     // Restart, Exit: what failed, to print
-  std::string error;   // Exit: a job-level error to print (e.g. a host never joined)
+  // Start, Restart: the restarts that failures have used so far, out of --max-restarts
+  // (TORCHELASTIC_RESTART_COUNT). A restart that admits a waiting host is not counted.
+  int restarts = 0;
+  std::string why;    // Restart, Exit: what failed, to print
+  std::string error;  // Exit: a job-level error to print (e.g. a host never joined)
   // Start with MIN:MAX hosts: the nodes that take part, in group-rank order (a node's
   // GROUP_RANK is its index here). Empty with a fixed number of hosts: node n is group n.
   std::vector<int> members;
@@ -75,8 +78,12 @@ struct Decision {
 //   as soon as nnodes have joined, with the nodes joined by then as members;
 // - a lost member leads to a restart of the others (a restart counts against
 //   `max_restarts`) while at least min_nodes members remain, else to an exit;
-// - a node that joins after the start waits, and becomes a member at the next
-//   start (after a restart); a lost waiting node changes nothing.
+// - a node that joins after the start, while there is room (fewer than nnodes), waits
+//   and brings a restart of the running attempt, as torchrun's membership change does:
+//   it becomes a member at the next start. This restart does not count against
+//   `max_restarts`. While a restart is already under way, or once some node's workers
+//   have finished, the node just waits for the next start; a lost waiting node changes
+//   nothing.
 class JobPolicy {
  public:
   // `min_nodes` 0 means `nnodes` (a fixed number of hosts).
@@ -114,6 +121,7 @@ class JobPolicy {
   int attempt_ = -1;              // the attempt started last
   bool restart_decided_ = false;  // attempt_ failed and will be restarted
   int next_attempt_ = -1;         // the attempt a Restart decided on
+  int restarts_used_ = 0;         // restarts decided for failures (not for joins)
   bool last_call_ = false;        // LastCall was decided
   std::set<int> joined_nodes_, finished_nodes_, stopped_nodes_;
   std::set<int> members_;  // the nodes of the attempt started last

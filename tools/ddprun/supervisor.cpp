@@ -83,12 +83,17 @@ void Supervisor::apply(const Decision& d) {
       if (state_ != State::Idle) return;
       run_id_ = d.run_id;
       members_ = d.members;
+      restarts_ = d.restarts;
       start_attempt(d.attempt);
       break;
     case Decision::Restart:
       if (remote) std::cerr << "ddprun: node " << d.node << " failed: " << d.why << "\n";
-      std::cerr << "ddprun: restarting all workers (restart " << d.attempt << " of "
-                << o_.max_restarts << ")\n";
+      if (d.node < 0 && !d.why.empty()) {
+        std::cerr << "ddprun: " << d.why << "\n";  // a host joined: torchrun's membership change
+      } else {
+        std::cerr << "ddprun: restarting all workers (restart " << d.restarts << " of "
+                  << o_.max_restarts << ")\n";
+      }
       restart_to_ = d.attempt;
       if (state_ == State::Running) begin_stop(SIGTERM);
       break;
@@ -250,7 +255,7 @@ int Supervisor::finish() {
   const int code = exit_.code;
   if (!exit_.error.empty()) std::cerr << "ddprun: error: " << exit_.error << "\n";
   if (failure_ && code != 0) {
-    std::cerr << failure_summary(o_, *failure_, run_id_, attempt_, code, others_stopped_, killed_);
+    std::cerr << failure_summary(o_, *failure_, run_id_, restarts_, code, others_stopped_, killed_);
   } else if (stop_signal_ && code == exit_code_for_signal(stop_signal_)) {
     std::cerr << "ddprun: stopped by " << signal_name(stop_signal_) << "; exit code " << code
               << "\n";

@@ -46,6 +46,7 @@ class Supervisor {
 
   State state_ = State::Idle;
   int attempt_ = -1;
+  int restarts_ = 0;  // TORCHELASTIC_RESTART_COUNT of the attempt started last
   std::string run_id_;
   std::vector<int> members_;  // MIN:MAX: the attempt's nodes by group rank (empty: fixed)
   int group_rank_ = 0;        // this host's, in the attempt started last

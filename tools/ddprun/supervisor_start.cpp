@@ -26,6 +26,7 @@ void Supervisor::start_attempt(int attempt) {
   drain_until_ = 0;
   workers_.clear();
   AttemptInfo info{attempt, run_id_, "", omp_threads_, ""};
+  info.restarts = restarts_;
   group_rank_ = o_.node_rank;
   for (size_t i = 0; i < members_.size(); ++i)
     if (members_[i] == o_.node_rank) {

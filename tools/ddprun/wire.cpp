@@ -146,13 +146,15 @@ std::string encode(const Node0Message& m) {
     case Node0Message::Order:
       switch (d.kind) {
         case Decision::Start: {
-          std::string line = "go " + to_string(d.attempt) + " " + d.run_id;
+          std::string line =
+              "go " + to_string(d.attempt) + " " + to_string(d.restarts) + " " + d.run_id;
           for (size_t i = 0; i < d.members.size(); ++i)
             line += (i ? "," : " ") + to_string(d.members[i]);
           return line;
         }
         case Decision::Restart:
-          return "restart " + to_string(d.attempt) + " " + to_string(d.node) + " " + d.why;
+          return "restart " + to_string(d.attempt) + " " + to_string(d.node) + " " +
+                 to_string(d.restarts) + " " + d.why;
         case Decision::Exit:
           if (d.code == 0) return "done";
           return "abort " + to_string(d.code) + " " + to_string(d.node) + " " + d.why;
@@ -169,17 +171,18 @@ Node0Message decode_node0_message(const std::string& line) {
   Node0Message m;
   if (w.empty() || (w[0] == "ping" && w.size() == 1)) return Node0Message::ping();
   Decision d;
-  if (w[0] == "go" && (w.size() == 3 || w.size() == 4)) {
+  if (w[0] == "go" && w.size() == 4) {
+    const auto g = split_words(line, 6);  // the members list is one word; more is not a go
     d.kind = Decision::Start;
-    d.run_id = w[2];
-    bool ok = read_int(w[1], d.attempt);
-    if (w.size() == 4) {
+    d.run_id = g[3];
+    bool ok = g.size() <= 5 && read_int(g[1], d.attempt) && read_int(g[2], d.restarts);
+    if (ok && g.size() == 5) {
       size_t pos = 0;
-      while (ok && pos <= w[3].size()) {
-        size_t end = w[3].find(',', pos);
-        if (end == std::string::npos) end = w[3].size();
+      while (ok && pos <= g[4].size()) {
+        size_t end = g[4].find(',', pos);
+        if (end == std::string::npos) end = g[4].size();
         int node = 0;
-        ok = read_int(w[3].substr(pos, end - pos), node);
+        ok = read_int(g[4].substr(pos, end - pos), node);
         d.members.push_back(node);
         pos = end + 1;
       }
@@ -188,10 +191,12 @@ Node0Message decode_node0_message(const std::string& line) {
   } else if (w[0] == "welcome" && w.size() == 2) {
     int node = -1;
     if (read_int(w[1], node)) m = Node0Message::welcome(node);
-  } else if (w[0] == "restart" && w.size() >= 3) {
+  } else if (w[0] == "restart" && w.size() >= 4) {
+    const auto r = split_words(line, 5);  // <why> starts one word later here
     d.kind = Decision::Restart;
-    d.why = text_at(w, 3, "");
-    if (read_int(w[1], d.attempt) && read_int(w[2], d.node)) m = Node0Message::order(d);
+    d.why = text_at(r, 4, "");
+    if (read_int(r[1], d.attempt) && read_int(r[2], d.node) && read_int(r[3], d.restarts))
+      m = Node0Message::order(d);
   } else if (w[0] == "done" && w.size() == 1) {
     d.kind = Decision::Exit;
     m = Node0Message::order(d);

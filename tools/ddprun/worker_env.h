@@ -18,6 +18,9 @@ struct AttemptInfo {
   // -1 and 0 with a fixed number of hosts (the options' node rank and nnodes).
   int group_rank = -1;
   int group_world_size = 0;
+  // TORCHELASTIC_RESTART_COUNT: restarts after failures (a host admitted by a restart
+  // does not count, as in torchrun); `attempt` counts every start.
+  int restarts = 0;
 };
 
 // ddprun's own environment with the worker's variables set (and any stale

@@ -107,6 +107,8 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_world_size() const;
+  /// The backend in use: "gloo", "nccl", "shm" (one host) or "hier" (shared memory within
+  /// hosts, Gloo between them); an empty InitOptions::backend is resolved here.
   const std::string& backend() const;
   std::chrono::milliseconds timeout() const;
   /// The device this rank computes on: cuda:local_rank for "nccl", else CPU.

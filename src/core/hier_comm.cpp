@@ -1,0 +1,245 @@
+#include "core/hier_comm.h"
+
+#include "core/check.h"
+#include "core/shm_comm.h"
+
+#include <ddp/errors.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace ddp {
+namespace detail {
+
+namespace {
+
+bool shm_carries(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].is_cpu()) return false;
+  switch (tensors[0].scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class HierWork final : public PendingWork {
+ public:
+  explicit HierWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+  void wait() override {
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// Runs the hierarchy's all-reduces one after another, in launch order, on one thread,
+// so that they are asynchronous as Gloo's are (DDP's buckets overlap backward). stop()
+// lets the thread run what is queued (tasks check whether the group was shut down and
+// then fail at once) and joins it.
+class Sequencer {
+ public:
+  Sequencer() : worker_([this] { loop(); }) {}
+  ~Sequencer() { stop(); }
+
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      TORCH_INTERNAL_ASSERT(!stopping_, "collective launched on a shut-down group");
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+class HierComm final : public Comm {
+ public:
+  HierComm(CommConfig config, HostLayout layout, std::unique_ptr<Comm> global,
+           std::unique_ptr<Comm> local, std::unique_ptr<Comm> leaders)
+      : Comm(std::move(config)),
+        layout_(std::move(layout)),
+        global_(std::move(global)),
+        local_(std::move(local)),
+        leaders_(std::move(leaders)),
+        sequencer_(std::make_unique<Sequencer>()) {}
+
+  ~HierComm() override { shutdown(); }
+
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
+    check_devices("all_reduce", tensors);
+    if (!shm_carries(tensors)) return global().all_reduce(tensors, op);
+    DDP_CHECK(sequencer_, "process group of ", where(), " was already shut down");
+    at::Tensor t = tensors[0];
+    auto future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    in_flight_.fetch_add(1, std::memory_order_acq_rel);
+    sequencer_->submit([this, t, op, future] {
+      std::exception_ptr error = run_all_reduce(t, op);
+      // Not in flight any more before anyone can see it complete (shutdown reads this).
+      in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+      if (error) {
+        future->setError(error);
+      } else {
+        future->markCompleted(c10::IValue(std::vector<at::Tensor>{t}));
+      }
+    });
+    return std::make_shared<HierWork>(std::move(future));
+  }
+
+  std::exception_ptr run_all_reduce(const at::Tensor& t, ReduceOp op) {
+    if (shut_down_.load(std::memory_order_acquire)) {
+      return std::make_exception_ptr(ProcessGroupError(
+          "all_reduce on " + where() + " was still queued when the group was shut down"));
+    }
+    const char* step = "the all-reduce within the host (shared memory)";
+    try {
+      std::vector<at::Tensor> one{t};
+      if (local_) local_->all_reduce(one, op)->wait();
+      if (leaders_) {
+        step = "the all-reduce among the hosts' leaders (gloo)";
+        leaders_->all_reduce(one, op)->wait();
+      }
+      if (local_) {
+        step = "the broadcast from the host's leader (shared memory)";
+        local_->broadcast(one, 0)->wait();
+      }
+    } catch (const std::exception& e) {
+      // The host's other ranks may be waiting for this one's broadcast: stop them now,
+      // not at their timeout.
+      if (local_) abort_shm_comm(*local_);
+      return wrap(e, step);
+    }
+    return nullptr;
+  }
+
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
+    return global().broadcast(tensors, src);
+  }
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    return global().all_gather(outputs, inputs);
+  }
+  std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                     ReduceOp op) override {
+    return global().reduce_scatter_tensor(output, input, op);
+  }
+  std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                      at::Tensor& input) override {
+    return global().all_gather_into_tensor(output, input);
+  }
+  void barrier() override { global().barrier(); }
+
+  void store_set(const std::string& key, const std::string& value) override {
+    global().store_set(key, value);
+  }
+  std::optional<std::string> store_try_get(const std::string& key) override {
+    return global().store_try_get(key);
+  }
+
+  void shutdown() override {
+    // The host group first: a hierarchical all-reduce still running then fails at once
+    // instead of waiting for peers that will never come.
+    // Only with work in flight on this rank: a peer may still be reading the last
+    // broadcast that this rank has finished.
+    shut_down_.store(true, std::memory_order_release);
+    if (local_ && in_flight_.load(std::memory_order_acquire) > 0) abort_shm_comm(*local_);
+    if (sequencer_) {
+      sequencer_->stop();
+      sequencer_.reset();
+    }
+    for (auto* c : {&local_, &leaders_, &global_}) {
+      if (*c) {
+        (*c)->shutdown();
+        c->reset();
+      }
+    }
+  }
+
+ private:
+  Comm& global() {
+    DDP_CHECK(global_, "process group of ", where(), " was already shut down");
+    return *global_;
+  }
+
+  std::string where() const {
+    return "rank " + std::to_string(config_->rank) + " of " + std::to_string(config_->world_size) +
+           " (hier: host " + std::to_string(layout_.host) + " of " + std::to_string(layout_.hosts) +
+           ", local rank " + std::to_string(layout_.local_rank) + " of " +
+           std::to_string(layout_.local_size) + ")";
+  }
+
+  std::exception_ptr wrap(const std::exception& e, const char* step) const {
+    const std::string text = "all_reduce on " + where() + ": " + step + " failed: " + e.what();
+    if (dynamic_cast<const TimeoutError*>(&e)) return std::make_exception_ptr(TimeoutError(text));
+    if (dynamic_cast<const MismatchError*>(&e)) return std::make_exception_ptr(MismatchError(text));
+    return std::make_exception_ptr(ProcessGroupError(
+        text + " The process group is broken; destroy it and create a new one."));
+  }
+
+  HostLayout layout_;
+  std::unique_ptr<Comm> global_;
+  std::unique_ptr<Comm> local_;
+  std::unique_ptr<Comm> leaders_;
+  std::unique_ptr<Sequencer> sequencer_;
+  std::atomic<bool> shut_down_{false};
+  std::atomic<int> in_flight_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_hier_comm(CommConfig config, HostLayout layout,
+                                     std::unique_ptr<Comm> global, std::unique_ptr<Comm> local,
+                                     std::unique_ptr<Comm> leaders) {
+  config.backend = "hier";
+  return std::make_unique<HierComm>(std::move(config), std::move(layout), std::move(global),
+                                    std::move(local), std::move(leaders));
+}
+
+}  // namespace detail
+}  // namespace ddp

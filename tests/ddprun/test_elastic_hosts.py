@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""A lost host in an elastic job: examples/fashion_mnist on three simulated hosts.
+
+    python3 test_elastic_hosts.py /path/to/ddprun --example /path/to/fashion_mnist [unittest options]
+
+Three network namespaces on one bridge (netns_testlib.py) are three hosts. Each runs the
+same torchrun-style command, one worker per host:
+
+    ddprun --nnodes 2:3 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST0:29400
+           --rdzv-id ID --max-restarts 2 ... -- fashion_mnist --run-dir RUNS --name job --resume ...
+
+The hosts share the file system, so RUNS is the job's shared checkpoint folder. The test
+checks that the hosts get node ranks 0, 1 and 2 (host 0, which has the endpoint's address,
+is node 0) and that the job starts on three ranks. Once epoch 1's checkpoint and metrics
+are written, it SIGKILLs node 1's ddprun (its worker dies with it). Nodes 0 and 2 must
+start attempt 1 (restart 1) with two ranks, resume from the latest checkpoint and finish
+with exit code 0.
+
+The kill can land in any later epoch, so the schedule is read back from the run: K
+epochs at three ranks (the checkpoint attempt 1 resumed from), the rest at two. A clean
+run on one host with that schedule (--nproc-per-node 3 for K epochs, then 2 with
+--resume) must end with the same model.pt, bit for bit, and the same world sizes in
+metrics.jsonl. Both runs use --backend gloo. Left to choose, the library would take
+shared memory ("shm") in the namespaces too, as they share /dev/shm, the host name and
+the kernel (docs/shm.md: they count as one host); Gloo makes the workers talk through
+the bridge as on separate machines. And the reference must use the same backend: with
+three ranks shm and Gloo add the gradients in different orders, and their models differ
+in the last bits after one epoch.
+
+Needs root, iproute2 and Debian's dataset-fashion-mnist; without them it says why and
+exits 77 (reported as skipped by CTest). Standard library only: model.pt files are
+compared as the zip archives torch.save writes, record by record.
+"""
+import array
+import collections
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+import unittest
+import zipfile
+
+import ddprun_testlib as T
+import netns_testlib as N
+
+SKIP = 77
+EXAMPLE = None
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+HOSTS = N.Hosts(3)
+RDZV_PORT = 29400  # each host has its own ports: no other test can take these
+EPOCHS = 4
+# A few seconds per epoch on a 2-core machine (three workers of one thread each), so that
+# the kill lands in the middle of the run.
+TRAIN_ARGS = ["--epochs", str(EPOCHS), "--train-samples", "6144", "--test-samples", "300",
+              "--batch-size", "32", "--lr", "0.002", "--seed", "7", "--threads", "1",
+              "--backend", "gloo", "--progress", "none", "--name", "job", "--resume"]
+RESUMED = re.compile(r"\[rank 0\]: resuming from (\S+): (\d+) of (\d+) epochs done")
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def read_metrics(run_dir):
+    """The records of <run_dir>/metrics.jsonl ([] while there is none)."""
+    text = read(os.path.join(run_dir, "metrics.jsonl"))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def node_rank(stderr):
+    """The node rank a ddprun's stderr announced, or None so far."""
+    if "ddprun: node 0 waiting for" in stderr:
+        return 0
+    m = re.search(r"ddprun: this host is node (\d+) of 3", stderr)
+    return int(m.group(1)) if m else None
+
+
+class RecordNames(pickle.Unpickler):
+    """Reads the data.pkl of a torch.save archive without torch: each tensor comes out as
+    the name of its data record (its storage's persistent id holds the key)."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        return lambda *args: args[0] if args else None  # _rebuild_tensor_v2(storage, ...)
+
+    def persistent_load(self, pid):
+        return "data/%s" % pid[2]  # ("storage", storage type, key, location, numel)
+
+
+def tensor_records(path):
+    """{state dict key: bytes of its data record} of a torch.save zip archive (model.pt)."""
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        prefix = names[0].split("/", 1)[0] + "/"
+        with z.open(prefix + "data.pkl") as f:
+            state = RecordNames(f).load()
+        return {key: z.read(prefix + record) for key, record in state.items()}
+
+
+def max_float_diff(a, b):
+    """The largest difference between two records of float32 values (the model's dtype)."""
+    x, y = array.array("f", a), array.array("f", b)
+    return max((abs(p - q) for p, q in zip(x, y)), default=0.0)
+
+
+class ElasticHostsTest(T.DdprunTestCase):
+    def setUp(self):
+        super().setUp()
+        self.outputs = []  # (host, stdout path, stderr path) of each ddprun started
+
+    def tearDown(self):
+        for host in range(HOSTS.count):
+            HOSTS.kill_all(host)
+        super().tearDown()
+
+    def start_host(self, host, runs, logs):
+        out, err = (os.path.join(self.tmp, "host%d.%s" % (host, s)) for s in ("out", "err"))
+        cmd = [T.DDPRUN, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
+               "--rdzv-id", "elastic-%d" % os.getpid(), "--max-restarts", "2",
+               "--rdzv-conf", "join_timeout=60,last_call_timeout=30", "--grace-period", "3",
+               "--log-dir", logs, "--", EXAMPLE, "--run-dir", runs] + TRAIN_ARGS
+        with open(out, "w") as fo, open(err, "w") as fe:
+            p = subprocess.Popen(HOSTS.command(host, cmd), env=self.env(OMP_NUM_THREADS=1),
+                                 stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        self.procs.append(p)
+        self.outputs.append((host, out, err))
+        return p
+
+    def logs(self):
+        """Every ddprun's output so far, for failure messages."""
+        parts = []
+        for host, out, err in self.outputs:
+            parts.append("--- host %d stdout\n%s--- host %d stderr\n%s"
+                         % (host, read(out)[-4000:], host, read(err)[-4000:]))
+        return "\n".join(parts)
+
+    def workers(self):
+        """(host, RANK, WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RESTART_COUNT) of each live
+        fashion_mnist worker of this test, as its environment says."""
+        keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT")
+        found = set()
+        for pid in T.pids_with_marker(self.marker):
+            host = HOSTS.host_of(pid)
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    env = dict(v.decode(errors="replace").split("=", 1)
+                               for v in f.read().split(b"\0") if b"=" in v)
+            except OSError:
+                continue
+            # (A process that ended meanwhile reads as empty: it is skipped.)
+            if argv0 == EXAMPLE and host is not None and all(k in env for k in keys):
+                found.add((host,) + tuple(int(env[k]) for k in keys))
+        return found
+
+    def watch(self, predicate, timeout, what):
+        """Waits until predicate() holds, noting meanwhile every worker seen (self.seen);
+        fails the test with every host's output after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                self.fail("%s within %d s\n%s" % (what, timeout, self.logs()))
+            self.seen |= self.workers()
+            time.sleep(0.1)
+
+    def node_ranks(self):
+        """Each host's node rank (None where its ddprun has not announced one yet)."""
+        return [node_rank(read(err)) for _, _, err in self.outputs]
+
+    def run_elastic(self, runs, logs):
+        """The three-host run with node 1 killed after epoch 1; returns how many epochs
+        were trained at three ranks."""
+        t0 = time.monotonic()
+        self.seen = set()
+        procs = [self.start_host(h, runs, logs) for h in range(HOSTS.count)]
+        self.watch(lambda: None not in self.node_ranks(), 60, "the hosts did not all get a node rank")
+        nodes = self.node_ranks()
+        self.assertEqual(sorted(nodes), [0, 1, 2], self.logs())
+        self.assertEqual(nodes[0], 0, "host 0 serves the endpoint: it is node 0\n" + self.logs())
+
+        run_dir = os.path.join(runs, "job")
+        self.watch(lambda: read_metrics(run_dir), 240, "epoch 1 did not end")
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "checkpoints", "latest")))
+        victim = nodes.index(1)
+        killed_after = max(m["epoch"] for m in read_metrics(run_dir))
+        procs[victim].kill()  # SIGKILL: no goodbye on the control channel
+        procs[victim].wait(timeout=30)
+        t_kill = time.monotonic() - t0
+        # Attempt 0: one worker per host, rank = node rank, no restart yet.
+        self.assertEqual(self.seen, {(h, nodes[h], 3, nodes[h], 0) for h in range(3)}, self.logs())
+        self.seen = set()
+        # Its worker has PR_SET_PDEATHSIG(SIGKILL): nothing of that host is left.
+        self.watch(lambda: not HOSTS.pids(victim), 10, "host %d's worker outlived its ddprun" % victim)
+
+        survivors = [h for h in range(HOSTS.count) if h != victim]
+        self.watch(lambda: all(procs[h].poll() is not None for h in survivors), 300,
+                   "the two hosts left did not finish")
+        for h in survivors:
+            self.assertEqual(procs[h].returncode, 0, "host %d (node %d) failed\n%s" % (h, nodes[h], self.logs()))
+        for h in range(HOSTS.count):
+            self.watch(lambda: not HOSTS.pids(h), 10, "processes outlived host %d's ddprun" % h)
+        # Attempt 1: node 0 and the other survivor, renumbered 0 and 1, at restart 1 (the
+        # workers of attempt 0 that were still stopping may show up too).
+        other = survivors[1]
+        self.assertEqual({w for w in self.seen if w[4] == 1},
+                         {(0, 0, 2, 0, 1), (other, 1, 2, 1, 1)}, self.logs())
+        self.assertEqual({w[4] for w in self.seen} - {0}, {1}, self.logs())
+
+        out = "".join(read(o) for _, o, _ in self.outputs)
+        err = {h: read(e) for h, _, e in self.outputs}
+        for h in survivors:
+            self.assertIn("ddprun: restarting all workers (restart 1 of 2)", err[h], self.logs())
+        self.assertIn("ddprun: starting attempt 1 on 2 node(s)", err[0], self.logs())
+        # --log-dir: attempt 0 ran ranks 0..2, attempt 1 ranks 0..1, and there was no attempt 2.
+        self.assertEqual(sorted(os.listdir(logs)), ["0", "1"])
+        self.assertEqual(sorted(os.listdir(os.path.join(logs, "0"))), ["rank0", "rank1", "rank2"])
+        self.assertEqual(sorted(os.listdir(os.path.join(logs, "1"))), ["rank0", "rank1"])
+        self.assertIn("[rank 0]: fashion_mnist: 3 rank(s), backend gloo", out)
+        self.assertIn("[rank 0]: fashion_mnist: 2 rank(s), backend gloo", out)
+        resumed = RESUMED.findall(out)
+        self.assertEqual(len(resumed), 1, "expected one resume (attempt 1)\n" + self.logs())
+        k = int(resumed[0][1])
+        self.assertEqual(int(resumed[0][2]), EPOCHS)
+        self.assertTrue(killed_after <= k < EPOCHS, "resumed after %d epochs; the kill came after "
+                        "epoch %d's metrics; %d epochs in all\n%s" % (k, killed_after, EPOCHS, self.logs()))
+        print("\nelastic run: node ranks %s (host: node); node 1 = host %d killed at %.1f s, after "
+              "epoch %d's metrics; attempt 1 resumed from %s (%d epochs at 3 ranks, %d at 2); "
+              "done at %.1f s" % (dict(enumerate(nodes)), victim, t_kill, killed_after, resumed[0][0],
+                                  k, EPOCHS - k, time.monotonic() - t0), file=sys.stderr)
+        return k
+
+    def run_reference(self, runs, k):
+        """The same schedule on one host: K epochs with 3 ranks, then --resume with 2."""
+        t0 = time.monotonic()
+        for nproc, epochs in ((3, k), (2, EPOCHS)):
+            args = ["--nproc-per-node", str(nproc), "--grace-period", "3", "--", EXAMPLE,
+                    "--run-dir", runs] + TRAIN_ARGS
+            args[args.index("--epochs") + 1] = str(epochs)
+            rc, out, err, _ = T.run(args, self.env(OMP_NUM_THREADS=1), timeout=240)
+            self.assertEqual(rc, 0, "reference run, %d ranks:\n%s\n%s" % (nproc, out[-3000:], err[-3000:]))
+        print("reference run: %.1f s" % (time.monotonic() - t0), file=sys.stderr)
+
+    def assert_same_model(self, a, b):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            if fa.read() == fb.read():
+                return
+        ra, rb = tensor_records(a), tensor_records(b)
+        self.assertEqual(list(ra), list(rb), "model.pt files with different keys")
+        differ = ["%s (max |diff| %g)" % (key, max_float_diff(ra[key], rb[key]))
+                  for key in ra if ra[key] != rb[key]]
+        if differ:
+            self.fail("the elastic run's model.pt differs from the reference run's at "
+                      + ", ".join(differ))
+
+    def test_lost_host_resumes_from_checkpoint(self):
+        runs, ref_runs, logs = (os.path.join(self.tmp, d) for d in ("runs", "reference", "logs"))
+        k = self.run_elastic(runs, logs)
+        self.run_reference(ref_runs, k)
+        got, want = read_metrics(os.path.join(runs, "job")), read_metrics(os.path.join(ref_runs, "job"))
+        self.assertEqual([m["epoch"] for m in got], list(range(1, EPOCHS + 1)))
+        self.assertEqual([m["world_size"] for m in got], [3] * k + [2] * (EPOCHS - k))
+        self.assertEqual([m["world_size"] for m in want], [3] * k + [2] * (EPOCHS - k))
+        for key in ("train_loss", "test_accuracy"):
+            self.assertEqual([m[key] for m in got], [m[key] for m in want], key)
+        self.assert_same_model(os.path.join(runs, "job", "model.pt"),
+                               os.path.join(ref_runs, "job", "model.pt"))
+
+
+def main():
+    global EXAMPLE
+    args = sys.argv[1:]
+    if "--example" in args:
+        i = args.index("--example")
+        EXAMPLE = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
+    if not args or not os.access(args[0], os.X_OK) or not EXAMPLE or not os.access(EXAMPLE, os.X_OK):
+        sys.exit("usage: %s /path/to/ddprun --example /path/to/fashion_mnist [unittest options]"
+                 % sys.argv[0])
+    T.DDPRUN = os.path.abspath(args[0])
+    if not os.path.exists(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz")):
+        print("SKIPPED: no Fashion-MNIST in %s (apt-get install dataset-fashion-mnist)" % DATA_DIR)
+        sys.exit(SKIP)
+    why = HOSTS.setup()
+    if why:
+        print("SKIPPED: %s" % why)
+        sys.exit(SKIP)
+    # Stopped by SIGTERM (kill, a CI job cancelled): tear the hosts down all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        prog = unittest.main(argv=[sys.argv[0]] + args[1:], verbosity=2, exit=False)
+    finally:
+        HOSTS.teardown()
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -116,8 +116,8 @@ class HierComm final : public Comm {
     if (!shm_carries(tensors)) return global().all_reduce(tensors, op);
     DDP_CHECK(sequencer_, "process group of ", where(), " was already shut down");
     at::Tensor t = tensors[0];
-    auto future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
+    auto future =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     sequencer_->submit([this, t, op, future] {
       std::exception_ptr error = run_all_reduce(t, op);
@@ -218,8 +218,8 @@ class HierComm final : public Comm {
     const std::string text = "all_reduce on " + where() + ": " + step + " failed: " + e.what();
     if (dynamic_cast<const TimeoutError*>(&e)) return std::make_exception_ptr(TimeoutError(text));
     if (dynamic_cast<const MismatchError*>(&e)) return std::make_exception_ptr(MismatchError(text));
-    return std::make_exception_ptr(ProcessGroupError(
-        text + " The process group is broken; destroy it and create a new one."));
+    return std::make_exception_ptr(
+        ProcessGroupError(text + " The process group is broken; destroy it and create a new one."));
   }
 
   HostLayout layout_;

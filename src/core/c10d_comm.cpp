@@ -673,6 +673,16 @@ std::string describe_host(const HostIdentity& id) {
          std::to_string(id.shm_device) + ":" + std::to_string(id.shm_inode) + ")";
 }
 
+// A shared-memory setup whose rendezvous keys live in `store`.
+ShmSetup shm_setup_on(const c10::intrusive_ptr<c10d::Store>& store) {
+  ShmSetup setup;
+  setup.store_set = [store](const std::string& k, const std::string& v) {
+    store_set_on(*store, k, v);
+  };
+  setup.store_try_get = [store](const std::string& k) { return store_try_get_on(*store, k); };
+  return setup;
+}
+
 // The "shm" backend when every rank shares this host, or nullptr for Gloo: backend ""
 // falls back quietly (rank 0 says why when the segment could not be made); backend
 // "shm" throws, saying which ranks are elsewhere or what failed.
@@ -691,11 +701,7 @@ std::unique_ptr<Comm> make_shm(const CommConfig& c, const c10::intrusive_ptr<c10
                             ". Use backend \"gloo\", or an empty backend, which picks shared "
                             "memory only when the ranks share a host.");
   }
-  ShmSetup setup;
-  setup.store_set = [store](const std::string& k, const std::string& v) {
-    store_set_on(*store, k, v);
-  };
-  setup.store_try_get = [store](const std::string& k) { return store_try_get_on(*store, k); };
+  ShmSetup setup = shm_setup_on(store);
   setup.identities = ids;
   setup.make_fallback = [&c, &store]() {
     CommConfig g = c;
@@ -733,13 +739,7 @@ std::unique_ptr<Comm> make_hier(const CommConfig& c, const c10::intrusive_ptr<c1
     CommConfig lc = c;
     lc.rank = layout.local_rank;
     lc.world_size = layout.local_size;
-    ShmSetup setup;
-    setup.store_set = [host_store](const std::string& k, const std::string& v) {
-      store_set_on(*host_store, k, v);
-    };
-    setup.store_try_get = [host_store](const std::string& k) {
-      return store_try_get_on(*host_store, k);
-    };
+    ShmSetup setup = shm_setup_on(host_store);
     for (int r : layout.host_ranks) setup.identities.push_back(ids[static_cast<size_t>(r)]);
     setup.make_fallback = [] { return std::unique_ptr<Comm>(); };  // all_reduce, broadcast only
     local = make_shm_comm(lc, setup, &why_not);

@@ -22,32 +22,9 @@ namespace detail {
 namespace {
 
 bool shm_carries(const std::vector<at::Tensor>& tensors) {
-  if (tensors.size() != 1 || !tensors[0].defined() || !tensors[0].is_cpu()) return false;
-  switch (tensors[0].scalar_type()) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
+  return tensors.size() == 1 && tensors[0].defined() && tensors[0].is_cpu() &&
+         shm_reduces(tensors[0].scalar_type());
 }
-
-class HierWork final : public PendingWork {
- public:
-  explicit HierWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
-  void wait() override {
-    future_->wait();
-    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> future() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
 
 // Runs the hierarchy's all-reduces one after another, in launch order, on one thread,
 // so that they are asynchronous as Gloo's are (DDP's buckets overlap backward). stop()
@@ -129,7 +106,7 @@ class HierComm final : public Comm {
         future->markCompleted(c10::IValue(std::vector<at::Tensor>{t}));
       }
     });
-    return std::make_shared<HierWork>(std::move(future));
+    return std::make_shared<FutureWork>(std::move(future));
   }
 
   std::exception_ptr run_all_reduce(const at::Tensor& t, ReduceOp op) {

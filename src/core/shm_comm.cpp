@@ -56,10 +56,6 @@ shm::Op shm_op(ReduceOp op) {
   }
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-}
-
 // The error a failed collective leaves in its future: ddp's own exception types, with
 // texts that classify_comm_failure reads the same way (only timeouts say "timed out").
 std::exception_ptr collective_error(const shm::Error& e, const CommConfig& c,
@@ -77,19 +73,6 @@ std::exception_ptr collective_error(const shm::Error& e, const CommConfig& c,
                             ". The process group is broken; destroy it and create a new one."));
   }
 }
-
-class ShmWork final : public PendingWork {
- public:
-  explicit ShmWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
-  void wait() override {
-    future_->wait();
-    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> future() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
 
 // One worker thread that runs the group's collectives in the order they were launched.
 // Shared with the thread, so that it outlives the Comm if it must.
@@ -281,7 +264,7 @@ class ShmComm final : public Comm {
       }
       future->markCompleted(c10::IValue(result));
     });
-    return std::make_shared<ShmWork>(std::move(future));
+    return std::make_shared<FutureWork>(std::move(future));
   }
 
   std::shared_ptr<Engine> engine_;
@@ -316,6 +299,17 @@ std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const Shm
 }
 
 }  // namespace
+
+void FutureWork::wait() {
+  future_->wait();
+  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+bool shm_reduces(c10::ScalarType dtype) { return shm_dtype(dtype).has_value(); }
 
 void abort_shm_comm(Comm& comm) {
   if (auto* shm = dynamic_cast<ShmComm*>(&comm)) shm->abort_transport();

@@ -203,14 +203,18 @@ T min_of(T a, T b) {
 }
 
 // out[i] = in[0][i] (+) in[1][i] (+) ... (+) in[n-1][i], in that order, for i in
-// [begin, end). Accumulates a block at a time in a local array that stays in L1, so
-// each pass is a plain loop the compiler vectorizes.
+// [begin, end), and the same into out2[i] unless out2 is null. Accumulates a block at a
+// time in a local array that stays in L1, so each pass is a plain loop the compiler
+// vectorizes. out or out2 may be one of the inputs: a block is read whole before it is
+// written.
 template <typename T, typename Cv, typename F>
-void reduce_range(void* out_v, const void* const* in_v, int n, size_t begin, size_t end, F f) {
+void reduce_range(void* out_v, void* out2_v, const void* const* in_v, int n, size_t begin,
+                  size_t end, F f) {
   using Acc = typename Cv::Acc;
   constexpr size_t kBlock = 1024;
   Acc acc[kBlock];
   T* out = static_cast<T*>(out_v);
+  T* out2 = static_cast<T*>(out2_v);
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t m = std::min(kBlock, end - b);
     const T* s0 = static_cast<const T*>(in_v[0]) + b;
@@ -220,36 +224,39 @@ void reduce_range(void* out_v, const void* const* in_v, int n, size_t begin, siz
       for (size_t i = 0; i < m; ++i) acc[i] = f(acc[i], Cv::load(s[i]));
     }
     for (size_t i = 0; i < m; ++i) out[b + i] = Cv::store(acc[i]);
+    if (out2 != nullptr) std::memcpy(out2 + b, out + b, m * sizeof(T));
   }
 }
 
 template <typename T, typename Cv>
-void reduce_typed(Op op, void* out, const void* const* in, int n, size_t begin, size_t end) {
+void reduce_typed(Op op, void* out, void* out2, const void* const* in, int n, size_t begin,
+                  size_t end) {
   using Acc = typename Cv::Acc;
   switch (op) {
     case Op::kSum:
-      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return sum(a, b); });
+      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return sum(a, b); });
     case Op::kMax:
-      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return max_of(a, b); });
+      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return max_of(a, b); });
     case Op::kMin:
-      return reduce_range<T, Cv>(out, in, n, begin, end, [](Acc a, Acc b) { return min_of(a, b); });
+      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return min_of(a, b); });
   }
 }
 
-void reduce(DType dtype, Op op, void* out, const void* const* in, int n, size_t begin, size_t end) {
+void reduce(DType dtype, Op op, void* out, void* out2, const void* const* in, int n, size_t begin,
+            size_t end) {
   switch (dtype) {
     case DType::kFloat32:
-      return reduce_typed<float, Same<float>>(op, out, in, n, begin, end);
+      return reduce_typed<float, Same<float>>(op, out, out2, in, n, begin, end);
     case DType::kFloat64:
-      return reduce_typed<double, Same<double>>(op, out, in, n, begin, end);
+      return reduce_typed<double, Same<double>>(op, out, out2, in, n, begin, end);
     case DType::kFloat16:
-      return reduce_typed<uint16_t, Half>(op, out, in, n, begin, end);
+      return reduce_typed<uint16_t, Half>(op, out, out2, in, n, begin, end);
     case DType::kBFloat16:
-      return reduce_typed<uint16_t, BFloat16>(op, out, in, n, begin, end);
+      return reduce_typed<uint16_t, BFloat16>(op, out, out2, in, n, begin, end);
     case DType::kInt32:
-      return reduce_typed<int32_t, Same<int32_t>>(op, out, in, n, begin, end);
+      return reduce_typed<int32_t, Same<int32_t>>(op, out, out2, in, n, begin, end);
     case DType::kInt64:
-      return reduce_typed<int64_t, Same<int64_t>>(op, out, in, n, begin, end);
+      return reduce_typed<int64_t, Same<int64_t>>(op, out, out2, in, n, begin, end);
   }
 }
 
@@ -672,8 +679,23 @@ void Transport::run(const Call& call) {
       mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
     }
     unsigned char* my_in = input_area(slot, me);
+    unsigned char* my_data =
+        call.data != nullptr ? static_cast<unsigned char*>(call.data) + offset : nullptr;
+    // all_reduce: this rank's partition of the slice, [part_begin, part_end) in elements.
+    // Partitions are whole cache lines.
+    size_t elems = 0, part_begin = 0, part_end = 0;
     if (call.kind == Kind::kAllReduce) {
-      std::memcpy(my_in, static_cast<const unsigned char*>(call.data) + offset, len);
+      elems = len / esize;
+      const size_t line = std::max<size_t>(1, kLine / esize);
+      const size_t chunk =
+          round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
+      part_begin = std::min(elems, chunk * static_cast<size_t>(me));
+      part_end = std::min(elems, part_begin + chunk);
+    }
+    if (call.kind == Kind::kAllReduce) {
+      // Only what the peers reduce: this rank reads its own partition from its own buffer.
+      std::memcpy(my_in, my_data, part_begin * esize);
+      std::memcpy(my_in + part_end * esize, my_data + part_end * esize, len - part_end * esize);
     } else if (call.kind == Kind::kBroadcast && me == call.root) {
       std::memcpy(my_in, static_cast<const unsigned char*>(call.data) + offset, len);
     } else if (call.kind == Kind::kAllGather) {
@@ -684,16 +706,15 @@ void Transport::run(const Call& call) {
     if (s == 0) check_same_call(call, slot);
 
     // B: this rank's partition reduced, in rank order.
+    // The result goes to the result area, for the peers, and straight into this rank's
+    // own buffer.
     if (call.kind == Kind::kAllReduce) {
-      const size_t elems = len / esize;
-      const size_t line = std::max<size_t>(1, kLine / esize);
-      const size_t chunk =
-          round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
-      const size_t begin = std::min(elems, chunk * static_cast<size_t>(me));
-      const size_t end = std::min(elems, begin + chunk);
-      if (begin < end) {
-        for (int r = 0; r < n; ++r) inputs_[static_cast<size_t>(r)] = input_area(slot, r);
-        reduce(call.dtype, call.op, result_area(slot), inputs_.data(), n, begin, end);
+      if (part_begin < part_end) {
+        for (int r = 0; r < n; ++r) {
+          inputs_[static_cast<size_t>(r)] = r == me ? my_data : input_area(slot, r);
+        }
+        reduce(call.dtype, call.op, result_area(slot), my_data, inputs_.data(), n, part_begin,
+               part_end);
       }
       publish();
       wait_all(step_, call, "B");
@@ -703,7 +724,9 @@ void Transport::run(const Call& call) {
 
     // C: the result out.
     if (call.kind == Kind::kAllReduce) {
-      std::memcpy(static_cast<unsigned char*>(call.data) + offset, result_area(slot), len);
+      const unsigned char* result = result_area(slot);
+      std::memcpy(my_data, result, part_begin * esize);
+      std::memcpy(my_data + part_end * esize, result + part_end * esize, len - part_end * esize);
     } else if (call.kind == Kind::kBroadcast && me != call.root) {
       std::memcpy(static_cast<unsigned char*>(call.data) + offset, input_area(slot, call.root),
                   len);

@@ -12,12 +12,15 @@
 // A collective moves through the slots slice by slice (at most slice_bytes per rank per
 // slice), alternating slots, so that a rank may fill slot 1 while a slower one still
 // reads slot 0. For each slice, each rank r:
-//   A. copies its slice into its input area of the slot, and publishes A;
-//   B. once every rank has published A, reduces partition r of the slice over the input
-//      areas of ranks 0, 1, ..., n-1, in that order, into the result area, and
-//      publishes B;
-//   C. once every rank has published B, copies the whole result area out, and
-//      publishes C.
+//   A. copies the parts of its slice that the other ranks reduce into its input area of
+//      the slot (all but partition r), and publishes A;
+//   B. once every rank has published A, reduces partition r of the slice over ranks
+//      0, 1, ..., n-1, in that order (its own input read from its own buffer, the
+//      others' from their input areas), into the result area and into its own buffer,
+//      and publishes B;
+//   C. once every rank has published B, copies the other partitions of the result area
+//      out, and publishes C.
+// So each rank moves 2(n-1)/n of the slice through the segment, not 2 whole copies.
 // A slot is filled again only after every rank published C for its previous slice. Each
 // element is reduced by exactly one rank, always in rank order, so every rank ends with
 // the same bits, run after run (Note [Summation order] in docs/shm.md).

@@ -1,7 +1,10 @@
 // All-reduce micro-benchmark, nccl-tests style: for each message size, the median time of
 // a float32 SUM all-reduce on Gloo and on the shared-memory backend, side by side, their
 // bus bandwidth (bytes / time * 2(n-1)/n, the bytes each rank's link carries in a ring),
-// and how the shared-memory one compares with a plain memcpy of the same bytes.
+// and how the shared-memory one compares with a plain memcpy of the same bytes. The
+// shared-memory backend is measured twice: on an ordinary tensor (copied through the
+// segment in slices) and on a buffer the group made, as DDP's buckets are (reduced in
+// place in shared memory, Note [Zero-copy buffers]).
 //
 // Run under a launcher:  ddprun --nproc-per-node 2 --no-prefix -- bench_allreduce [MIN [MAX [busy]]]
 //
@@ -10,6 +13,8 @@
 // buckets are in flight: the same all-reduce, but sharing the cores with work.
 
 #include <ddp/distributed/process_group.h>
+
+#include "core/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -113,8 +118,9 @@ int main(int argc, char** argv) {
                 n, busy ? ", one compute thread per rank" : "");
     std::printf(
         "| size | gloo (us) | shm (us) | gloo busbw (GB/s) | shm busbw (GB/s) | shm / gloo | "
-        "memcpy (GB/s) | shm busbw / memcpy |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "memcpy (GB/s) | shm busbw / memcpy | shm, bucket buffer (us) | bucket busbw (GB/s) | "
+        "bucket / gloo |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   std::atomic<bool> stop{false};
   std::thread compute;
@@ -128,22 +134,29 @@ int main(int argc, char** argv) {
   }
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     auto t = at::ones({bytes / 4}, at::kFloat);
+    at::Tensor bucket =
+        ddp::detail::comm_of(*shm).allocate_buffers({bytes / 4},
+                                                    {at::TensorOptions(at::kFloat)})[0];
+    bucket.fill_(1);
     // Enough repeats for ~0.5 s per size, at least 5; the two transports alternate in
     // rounds, so that a slow moment of the machine falls on both.
     const int iters = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 5, 200));
-    std::vector<double> g, s;
+    std::vector<double> g, s, z;
     for (int round = 0; round < 3; ++round) {
       g.push_back(time_all_reduce(*gloo, t, iters));
       s.push_back(time_all_reduce(*shm, t, iters));
+      z.push_back(time_all_reduce(*shm, bucket, iters));
     }
-    const double tg = median(g), ts = median(s);
+    const double tg = median(g), ts = median(s), tz = median(z);
     const double bus = 2.0 * (n - 1) / n;
     const double gbus = static_cast<double>(bytes) / tg / 1e9 * bus;
     const double sbus = static_cast<double>(bytes) / ts / 1e9 * bus;
+    const double zbus = static_cast<double>(bytes) / tz / 1e9 * bus;
     const double copy = static_cast<double>(bytes) / time_memcpy(bytes) / 1e9;
     if (leader) {
-      std::printf("| %s | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f | %.2f |\n", human(bytes).c_str(),
-                  tg * 1e6, ts * 1e6, gbus, sbus, tg / ts, copy, sbus / copy);
+      std::printf("| %s | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f | %.2f | %.1f | %.3f | %.2f |\n",
+                  human(bytes).c_str(), tg * 1e6, ts * 1e6, gbus, sbus, tg / ts, copy, sbus / copy,
+                  tz * 1e6, zbus, tg / tz);
       std::fflush(stdout);
     }
   }

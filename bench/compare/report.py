@@ -183,9 +183,15 @@ def markdown(data, summary=None):
 
     add("## 1. Iteration time at world size 2 (the headline)")
     add("")
+    add("The floor is two ddp-cpp processes that each train alone, side by side, with no "
+        "process group and no communication at all (`bench_compare --ddp 0` at 2 ranks): "
+        "what ddp-cpp's iteration time would be with an infinitely fast transport. They "
+        "still share the cores and the memory, so the floor is above the 1-process time of "
+        "section 3. Floor / PyTorch is the smallest ratio any transport could reach here.")
+    add("")
     add("| model | parameters | batch per rank | ddp-cpp (ms) | PyTorch DDP (ms) | "
-        "ddp-cpp / PyTorch | verdict |")
-    add("|---|---:|---:|---:|---:|---:|---|")
+        "ddp-cpp / PyTorch | verdict | floor, no communication (ms) | floor / PyTorch |")
+    add("|---|---:|---:|---:|---:|---:|---|---:|---:|")
     verdicts = {}
     for k in models:
         a, b = tr[k]["cpp-ddp-2"], tr[k]["py-ddp-2"]
@@ -203,12 +209,16 @@ def markdown(data, summary=None):
         else:
             v = "even (%d of %d trials each)" % (wins, len(r))
         verdicts[k] = rm
+        alone = tr[k].get("cpp-alone-2", [])
+        floor_ms = f_ms(times(alone)) if alone else "n/a"
+        floor_ratio = f_ratio(paired(alone, b, lambda x, y: x / y))
         summary.setdefault(k, {}).update(
-            cpp_ms=f_ms(times(a)), py_ms=f_ms(times(b)), ratio=f_ratio(r), verdict=v)
+            cpp_ms=f_ms(times(a)), py_ms=f_ms(times(b)), ratio=f_ratio(r), verdict=v,
+            floor_ratio=floor_ratio)
         r0 = a[0]["ranks"][0]
-        add("| %s | %s | %d | %s | %s | %s | %s |"
+        add("| %s | %s | %d | %s | %s | %s | %s | %s | %s |"
             % (k, "{:,}".format(r0["num_parameters"]), r0["batch"], f_ms(times(a)),
-               f_ms(times(b)), f_ratio(r), v))
+               f_ms(times(b)), f_ratio(r), v, floor_ms, floor_ratio))
     add("")
 
     add("## 2. DDP overhead at world size 1 (DDP against the same loop without DDP)")
@@ -404,17 +414,23 @@ def markdown(data, summary=None):
     sweep = data.get("allreduce_sweep")
     if sweep:
         add("Raw all-reduce at 2 ranks (`bench_allreduce`), both transports side by side, "
-            "for reference:")
+            "for reference. shm: an ordinary tensor, copied through the segment in slices; "
+            "shm, bucket: a buffer the group made, as DDP's buckets are, reduced in place in "
+            "shared memory (docs/shm.md). The 'raw all-reduce' figures above are the latter "
+            "when ddp-cpp runs on shm.")
         add("")
-        add("| size | gloo (us) | shm (us) | gloo busbw (GB/s) | shm busbw (GB/s) | shm / gloo "
+        add("| size | gloo (us) | shm (us) | shm, bucket (us) | gloo busbw (GB/s) | shm busbw "
+            "(GB/s) | shm, bucket busbw (GB/s) | shm / gloo | shm, bucket / gloo "
             "| memcpy (GB/s) | shm busbw / memcpy |")
-        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for row in sweep:
             if "shm_time_s" not in row:  # results of an older run
                 continue
-            add("| %s | %.0f | %.0f | %.3f | %.3f | %.2f | %.2f | %.2f |"
-                % (row["size"], row["gloo_time_s"] * 1e6, row["shm_time_s"] * 1e6,
-                   row["gloo_busbw"], row["shm_busbw"], row["gloo_time_s"] / row["shm_time_s"],
+            bt = row.get("bucket_time_s", float("nan"))
+            add("| %s | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f |"
+                % (row["size"], row["gloo_time_s"] * 1e6, row["shm_time_s"] * 1e6, bt * 1e6,
+                   row["gloo_busbw"], row["shm_busbw"], row.get("bucket_busbw", float("nan")),
+                   row["gloo_time_s"] / row["shm_time_s"], row["gloo_time_s"] / bt,
                    row["memcpy_GBps"], row["shm_busbw"] / row["memcpy_GBps"]))
         add("")
 
@@ -493,12 +509,14 @@ def readme_block(data):
              % (meta["date"], m["cpu"], m["cores"], m["os"], meta["git"] or "?",
                 meta["settings"]["trials"]))
     L.append("")
-    L.append("| model | ddp-cpp (ms) | PyTorch DDP (ms) | ddp-cpp / PyTorch | verdict |")
-    L.append("|---|---:|---:|---:|---|")
+    L.append("| model | ddp-cpp (ms) | PyTorch DDP (ms) | ddp-cpp / PyTorch | verdict | "
+             "floor / PyTorch (no communication) |")
+    L.append("|---|---:|---:|---:|---|---:|")
     for k in models:
         c = summary[k]
-        L.append("| %s | %s | %s | %s | %s |"
-                 % (k, c["cpp_ms"], c["py_ms"], c["ratio"], c["verdict"]))
+        L.append("| %s | %s | %s | %s | %s | %s |"
+                 % (k, c["cpp_ms"], c["py_ms"], c["ratio"], c["verdict"],
+                    c.get("floor_ratio", "n/a")))
     L.append("")
     L.append("| model | DDP overhead at world size 1, ddp-cpp (fixed cost; paired) | "
              "PyTorch (paired) | scaling efficiency at 2 ranks, ddp-cpp / PyTorch | "

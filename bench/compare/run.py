@@ -39,6 +39,9 @@ PYTHON = os.environ.get("DDP_PY", "/usr/bin/python3")
 CONFIGS = [
     ("cpp", "ddp", 2), ("py", "ddp", 2),
     ("cpp", "ddp", 1), ("py", "ddp", 1),
+    # Two processes that each train alone, side by side, with no communication: the
+    # floor of ddp-cpp's iteration time at 2 ranks on this machine, whatever the transport.
+    ("cpp", "alone", 2),
 ]
 MODELS = ["small", "cnn", "wide"]
 
@@ -324,18 +327,25 @@ def summarise(ranks, prefix, cmd):
 
 def parse_allreduce_table(text, backend="shm"):
     """bench_allreduce's rows: time and busbw of `backend` ("gloo" or "shm"), with both
-    transports' figures and the memcpy bandwidth beside them."""
+    transports' figures and the memcpy bandwidth beside them. For "shm" that is the
+    all-reduce of a buffer the group made, as DDP's buckets are (Note [Zero-copy
+    buffers]), when the table has that column."""
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 8 and cells[1].replace(".", "", 1).isdigit():
+        if len(cells) >= 8 and cells[1].replace(".", "", 1).isdigit():
             g_us, s_us, g_bus, s_bus = (float(c) for c in cells[1:5])
-            rows.append({"size": cells[0],
-                         "time_s": (s_us if backend == "shm" else g_us) / 1e6,
-                         "busbw": s_bus if backend == "shm" else g_bus,
-                         "gloo_time_s": g_us / 1e6, "shm_time_s": s_us / 1e6,
-                         "gloo_busbw": g_bus, "shm_busbw": s_bus,
-                         "memcpy_GBps": float(cells[6])})
+            row = {"size": cells[0], "gloo_time_s": g_us / 1e6, "shm_time_s": s_us / 1e6,
+                   "gloo_busbw": g_bus, "shm_busbw": s_bus, "memcpy_GBps": float(cells[6])}
+            if len(cells) >= 11:
+                row["bucket_time_s"] = float(cells[8]) / 1e6
+                row["bucket_busbw"] = float(cells[9])
+            if backend == "shm":
+                row["time_s"] = row.get("bucket_time_s", row["shm_time_s"])
+                row["busbw"] = row.get("bucket_busbw", row["shm_busbw"])
+            else:
+                row["time_s"], row["busbw"] = row["gloo_time_s"], g_bus
+            rows.append(row)
     if not rows:
         raise launch.RunError("bench_allreduce printed no table:\n" + text[-2000:])
     return rows

@@ -107,6 +107,14 @@ class Comm {
                                                               at::Tensor& input);
   virtual void barrier() = 0;
 
+  /// Zero-filled 1-D tensors of numels[i] elements with options[i], for buffers that
+  /// this group all-reduces again and again (DDP's buckets). Collective: every rank calls
+  /// it with the same arguments, in the same order. The shm backend puts them in memory
+  /// that every rank maps, and all-reduces them there without copies (Note [Zero-copy
+  /// buffers]); the default makes plain tensors.
+  virtual std::vector<at::Tensor> allocate_buffers(const std::vector<int64_t>& numels,
+                                                   const std::vector<at::TensorOptions>& options);
+
   // The rendezvous store, for ddp-cpp's own checks (arrival, monitored_barrier,
   // fingerprints); keys start with "ddp/". A group without peers has none: these throw.
   virtual void store_set(const std::string& key, const std::string& value);

@@ -109,5 +109,14 @@ std::shared_ptr<PendingWork> Comm::all_gather_into_tensor(at::Tensor& output, at
   return all_gather_by_views(output, input);
 }
 
+std::vector<at::Tensor> Comm::allocate_buffers(const std::vector<int64_t>& numels,
+                                               const std::vector<at::TensorOptions>& options) {
+  TORCH_INTERNAL_ASSERT(numels.size() == options.size());
+  std::vector<at::Tensor> buffers;
+  buffers.reserve(numels.size());
+  for (size_t i = 0; i < numels.size(); ++i) buffers.push_back(at::zeros({numels[i]}, options[i]));
+  return buffers;
+}
+
 }  // namespace detail
 }  // namespace ddp

@@ -16,6 +16,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 namespace ddp {
 namespace detail {
@@ -138,6 +139,85 @@ class Engine {
   std::thread worker_;
 };
 
+using StoreSet = std::function<void(const std::string& key, const std::string& value)>;
+using StoreTryGet = std::function<std::optional<std::string>(const std::string& key)>;
+
+std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const StoreTryGet& try_get,
+                                                  const std::vector<std::string>& keys) {
+  KeyWait got = wait_for_keys(try_get, keys, c.timeout,
+                              [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
+                                return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
+                                       std::to_string(waited.count()) + " s for " +
+                                       std::to_string(missing.size()) +
+                                       " rank(s) to map a shared memory segment";
+                              });
+  if (!got.complete()) {
+    throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
+                       " timed out after " + std::to_string(c.timeout.count()) +
+                       " ms setting up shared memory: " + keys[got.missing[0]] +
+                       " never came. A rank exited or stopped while the group (or DDP) was "
+                       "being set up.");
+  }
+  return got.values;
+}
+
+// The rendezvous of a segment (Note [Shared-memory all-reduce], Note [Zero-copy
+// buffers]): rank 0 creates it and publishes its name under `key`; every other rank maps
+// it and says so under key/mapped/<rank>; once all have, rank 0 unlinks the name, so that
+// nothing is left in /dev/shm whatever happens next. A failure anywhere is published
+// instead, so that every rank learns it. Returns the first failure seen ("" when every
+// rank mapped it); *segment is then set on every rank.
+template <typename Ptr>
+std::string segment_rendezvous(const CommConfig& config, const StoreSet& store_set,
+                               const StoreTryGet& store_try_get, const std::string& key,
+                               const std::function<Ptr(const std::string& name)>& create,
+                               const std::function<Ptr(const std::string& name)>& open,
+                               Ptr* segment) {
+  auto mapped_key = [&](int rank) { return key + "/mapped/" + std::to_string(rank); };
+  std::string failure;
+  if (config.rank == 0) {
+    try {
+      *segment = create(shm::Transport::unique_name());
+      store_set(key, (*segment)->name());
+    } catch (const shm::Error& e) {
+      failure = std::string("rank 0: ") + e.what();
+      store_set(key, "!" + failure);
+    }
+  } else {
+    const std::string name = *wait_keys(config, store_try_get, {key})[0];
+    if (name.rfind('!', 0) == 0) {
+      failure = name.substr(1);
+    } else {
+      try {
+        *segment = open(name);
+        store_set(mapped_key(config.rank), "ok");
+      } catch (const shm::Error& e) {
+        failure = "rank " + std::to_string(config.rank) + ": " + e.what();
+        store_set(mapped_key(config.rank), "!" + failure);
+      }
+    }
+  }
+  if (failure.empty()) {
+    // Every rank learns whether every other rank mapped the segment.
+    std::vector<std::string> keys;
+    for (int r = 1; r < config.world_size; ++r) keys.push_back(mapped_key(r));
+    for (const auto& v : wait_keys(config, store_try_get, keys)) {
+      if (v->rfind('!', 0) == 0) {
+        failure = v->substr(1);
+        break;
+      }
+    }
+  }
+  if (*segment) (*segment)->unlink();  // rank 0: every rank has mapped it, or never will
+  if (!failure.empty()) *segment = nullptr;
+  return failure;
+}
+
+bool zero_copy_enabled() {
+  const auto v = env_int("DDP_SHM_ZERO_COPY");
+  return !v || *v != 0;
+}
+
 class ShmComm final : public Comm {
  public:
   ShmComm(CommConfig config, std::unique_ptr<shm::Transport> transport,
@@ -155,6 +235,12 @@ class ShmComm final : public Comm {
                            : std::nullopt;
     if (!dtype) return fallback().all_reduce(tensors, op);
     at::Tensor t = tensors[0];
+    size_t offset = 0;
+    if (auto pool = pool_of(t, &offset)) {
+      return launch("all_reduce", {t}, [t, dtype, op, pool, offset](shm::Transport& tr) {
+        tr.all_reduce_in_pool(*pool, offset, static_cast<size_t>(t.numel()), *dtype, shm_op(op));
+      });
+    }
     return launch("all_reduce", {t}, [t, dtype, op](shm::Transport& tr) {
       at::Tensor c = t.is_contiguous() ? t : t.contiguous();
       tr.all_reduce(c.data_ptr(), static_cast<size_t>(c.numel()), *dtype, shm_op(op));
@@ -212,6 +298,71 @@ class ShmComm final : public Comm {
     launch("barrier", {}, [](shm::Transport& tr) { tr.barrier(); })->wait();
   }
 
+  std::vector<at::Tensor> allocate_buffers(const std::vector<int64_t>& numels,
+                                           const std::vector<at::TensorOptions>& options) override {
+    TORCH_INTERNAL_ASSERT(numels.size() == options.size());
+    // Buffers the transport reduces go into one pool, each at a page boundary.
+    constexpr size_t kPage = 4096;
+    std::vector<size_t> offsets(numels.size(), SIZE_MAX);
+    size_t total = 0;
+    for (size_t i = 0; i < numels.size(); ++i) {
+      const auto dtype = c10::typeMetaToScalarType(options[i].dtype());
+      if (!options[i].device().is_cpu() || !shm_dtype(dtype) || numels[i] <= 0) continue;
+      offsets[i] = total;
+      total +=
+          (static_cast<size_t>(numels[i]) * c10::elementSize(dtype) + kPage - 1) / kPage * kPage;
+    }
+    if (total == 0 || !fallback_ || !zero_copy_enabled()) {
+      return Comm::allocate_buffers(numels, options);
+    }
+    const uint32_t id = ++pools_made_;
+    const int n = config_->world_size;
+    std::shared_ptr<shm::SharedPool> pool;
+    const std::string failure = segment_rendezvous<std::shared_ptr<shm::SharedPool>>(
+        *config_, [this](const std::string& k, const std::string& v) { store_set(k, v); },
+        [this](const std::string& k) { return store_try_get(k); },
+        "ddp/shm/pool/" + std::to_string(id),
+        [&](const std::string& name) { return shm::SharedPool::create(name, n, total, id); },
+        [&](const std::string& name) { return shm::SharedPool::open(name, n, total, id); }, &pool);
+    if (!failure.empty()) {
+      if (!warned_pool_) {
+        std::fprintf(stderr,
+                     "[ddp] rank %d: DDP's buckets stay in private memory and are copied "
+                     "through the shared segment instead (%s)\n",
+                     config_->rank, failure.c_str());
+        warned_pool_ = true;
+      }
+      return Comm::allocate_buffers(numels, options);
+    }
+    std::vector<at::Tensor> buffers;
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    for (auto it = pool_buffers_.begin(); it != pool_buffers_.end();) {
+      it = it->second.pool.expired() ? pool_buffers_.erase(it) : std::next(it);
+    }
+    for (size_t i = 0; i < numels.size(); ++i) {
+      if (offsets[i] == SIZE_MAX) {
+        buffers.push_back(at::zeros({numels[i]}, options[i]));
+        continue;
+      }
+      void* data = pool->part(config_->rank) + offsets[i];
+      // The pool lives while any of its buffers does (posix_fallocate zero-filled it).
+      buffers.push_back(at::from_blob(
+          data, {numels[i]}, [pool](void*) {}, options[i]));
+      pool_buffers_[data] = PoolBuffer{pool, offsets[i], buffers.back().nbytes()};
+    }
+    return buffers;
+  }
+
+  /// Whether `t` is (the start of) a buffer of a live pool: then that pool, and *offset.
+  std::shared_ptr<shm::SharedPool> pool_of(const at::Tensor& t, size_t* offset) {
+    if (!t.is_contiguous()) return nullptr;
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    auto it = pool_buffers_.find(t.data_ptr());
+    if (it == pool_buffers_.end() || t.nbytes() > it->second.bytes) return nullptr;
+    *offset = it->second.offset;
+    return it->second.pool.lock();
+  }
+
   void store_set(const std::string& key, const std::string& value) override {
     fallback().store_set(key, value);
   }
@@ -267,36 +418,19 @@ class ShmComm final : public Comm {
     return std::make_shared<FutureWork>(std::move(future));
   }
 
+  struct PoolBuffer {
+    std::weak_ptr<shm::SharedPool> pool;
+    size_t offset = 0;
+    size_t bytes = 0;
+  };
+
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<Comm> fallback_;
+  uint32_t pools_made_ = 0;
+  bool warned_pool_ = false;
+  std::mutex pool_mutex_;
+  std::unordered_map<const void*, PoolBuffer> pool_buffers_;  // Note [Zero-copy buffers]
 };
-
-// The rendezvous of the segment (Note [Shared-memory all-reduce]): rank 0 creates it and
-// publishes its name; every other rank maps it and says so; once all have, rank 0
-// unlinks the name, so that nothing is left in /dev/shm whatever happens next. A
-// failure anywhere is published instead, so that every rank learns it.
-constexpr const char* kSegmentKey = "ddp/shm/segment";
-std::string mapped_key(int rank) { return "ddp/shm/mapped/" + std::to_string(rank); }
-
-std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const ShmSetup& setup,
-                                                  const std::vector<std::string>& keys) {
-  KeyWait got = wait_for_keys(setup.store_try_get, keys, c.timeout,
-                              [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-                                return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
-                                       std::to_string(waited.count()) + " s for " +
-                                       std::to_string(missing.size()) +
-                                       " rank(s) to map the shared memory segment";
-                              });
-  if (!got.complete()) {
-    std::vector<int> ranks;
-    for (size_t i : got.missing) ranks.push_back(static_cast<int>(i));
-    throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
-                       " timed out after " + std::to_string(c.timeout.count()) +
-                       " ms setting up the shared-memory backend: " + keys[got.missing[0]] +
-                       " never came. A rank exited or stopped during init_process_group.");
-  }
-  return got.values;
-}
 
 }  // namespace
 
@@ -329,41 +463,10 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   o.slice_bytes = shm_slice_bytes();
 
   std::unique_ptr<shm::Transport> transport;
-  std::string failure;
-  if (config.rank == 0) {
-    try {
-      transport = shm::Transport::create(shm::Transport::unique_name(), o);
-      setup.store_set(kSegmentKey, transport->name());
-    } catch (const shm::Error& e) {
-      failure = std::string("rank 0: ") + e.what();
-      setup.store_set(kSegmentKey, "!" + failure);
-    }
-  } else {
-    const std::string name = *wait_keys(config, setup, {kSegmentKey})[0];
-    if (name.rfind('!', 0) == 0) {
-      failure = name.substr(1);
-    } else {
-      try {
-        transport = shm::Transport::open(name, o);
-        setup.store_set(mapped_key(config.rank), "ok");
-      } catch (const shm::Error& e) {
-        failure = "rank " + std::to_string(config.rank) + ": " + e.what();
-        setup.store_set(mapped_key(config.rank), "!" + failure);
-      }
-    }
-  }
-  if (failure.empty()) {
-    // Every rank learns whether every other rank mapped the segment.
-    std::vector<std::string> keys;
-    for (int r = 1; r < config.world_size; ++r) keys.push_back(mapped_key(r));
-    for (const auto& v : wait_keys(config, setup, keys)) {
-      if (v->rfind('!', 0) == 0) {
-        failure = v->substr(1);
-        break;
-      }
-    }
-  }
-  if (transport) transport->unlink();  // rank 0: every rank has mapped it, or never will
+  const std::string failure = segment_rendezvous<std::unique_ptr<shm::Transport>>(
+      config, setup.store_set, setup.store_try_get, "ddp/shm/segment",
+      [&](const std::string& name) { return shm::Transport::create(name, o); },
+      [&](const std::string& name) { return shm::Transport::open(name, o); }, &transport);
   if (!failure.empty()) {
     *why_not = failure;
     return nullptr;

@@ -33,7 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kMagic = 0x31306d6873706464ull;  // "ddpshm01"
+constexpr uint64_t kMagic = 0x32306d6873706464ull;  // "ddpshm02"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // How long a wait spins before it sleeps in the kernel: long enough to catch a peer
@@ -63,6 +63,7 @@ struct alignas(kLine) Control {
   // collective while a peer still checks the barrier's.
   std::atomic<uint64_t> call[2];
   std::atomic<uint64_t> bytes[2];
+  std::atomic<uint64_t> offset[2];  // all_reduce_in_pool: where in the pool
 };
 
 static_assert(sizeof(Header) <= kLine && sizeof(Control) == kLine, "one cache line each");
@@ -203,18 +204,17 @@ T min_of(T a, T b) {
 }
 
 // out[i] = in[0][i] (+) in[1][i] (+) ... (+) in[n-1][i], in that order, for i in
-// [begin, end), and the same into out2[i] unless out2 is null. Accumulates a block at a
+// [begin, end), and the same into copies[0..num_copies)[i]. Accumulates a block at a
 // time in a local array that stays in L1, so each pass is a plain loop the compiler
-// vectorizes. out or out2 may be one of the inputs: a block is read whole before it is
-// written.
+// vectorizes. out or a copy may be one of the inputs: a block is read whole before it
+// is written.
 template <typename T, typename Cv, typename F>
-void reduce_range(void* out_v, void* out2_v, const void* const* in_v, int n, size_t begin,
-                  size_t end, F f) {
+void reduce_range(void* out_v, void* const* copies, int num_copies, const void* const* in_v, int n,
+                  size_t begin, size_t end, F f) {
   using Acc = typename Cv::Acc;
   constexpr size_t kBlock = 1024;
   Acc acc[kBlock];
   T* out = static_cast<T*>(out_v);
-  T* out2 = static_cast<T*>(out2_v);
   for (size_t b = begin; b < end; b += kBlock) {
     const size_t m = std::min(kBlock, end - b);
     const T* s0 = static_cast<const T*>(in_v[0]) + b;
@@ -224,43 +224,48 @@ void reduce_range(void* out_v, void* out2_v, const void* const* in_v, int n, siz
       for (size_t i = 0; i < m; ++i) acc[i] = f(acc[i], Cv::load(s[i]));
     }
     for (size_t i = 0; i < m; ++i) out[b + i] = Cv::store(acc[i]);
-    if (out2 != nullptr) std::memcpy(out2 + b, out + b, m * sizeof(T));
+    for (int c = 0; c < num_copies; ++c) {
+      std::memcpy(static_cast<T*>(copies[c]) + b, out + b, m * sizeof(T));
+    }
   }
 }
 
 template <typename T, typename Cv>
-void reduce_typed(Op op, void* out, void* out2, const void* const* in, int n, size_t begin,
-                  size_t end) {
+void reduce_typed(Op op, void* out, void* const* copies, int num_copies, const void* const* in,
+                  int n, size_t begin, size_t end) {
   using Acc = typename Cv::Acc;
   switch (op) {
     case Op::kSum:
-      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return sum(a, b); });
+      return reduce_range<T, Cv>(out, copies, num_copies, in, n, begin, end,
+                                 [](Acc a, Acc b) { return sum(a, b); });
     case Op::kMax:
-      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return max_of(a, b); });
+      return reduce_range<T, Cv>(out, copies, num_copies, in, n, begin, end,
+                                 [](Acc a, Acc b) { return max_of(a, b); });
     case Op::kMin:
-      return reduce_range<T, Cv>(out, out2, in, n, begin, end, [](Acc a, Acc b) { return min_of(a, b); });
+      return reduce_range<T, Cv>(out, copies, num_copies, in, n, begin, end,
+                                 [](Acc a, Acc b) { return min_of(a, b); });
   }
 }
 
-void reduce(DType dtype, Op op, void* out, void* out2, const void* const* in, int n, size_t begin,
-            size_t end) {
+void reduce(DType dtype, Op op, void* out, void* const* copies, int num_copies,
+            const void* const* in, int n, size_t begin, size_t end) {
   switch (dtype) {
     case DType::kFloat32:
-      return reduce_typed<float, Same<float>>(op, out, out2, in, n, begin, end);
+      return reduce_typed<float, Same<float>>(op, out, copies, num_copies, in, n, begin, end);
     case DType::kFloat64:
-      return reduce_typed<double, Same<double>>(op, out, out2, in, n, begin, end);
+      return reduce_typed<double, Same<double>>(op, out, copies, num_copies, in, n, begin, end);
     case DType::kFloat16:
-      return reduce_typed<uint16_t, Half>(op, out, out2, in, n, begin, end);
+      return reduce_typed<uint16_t, Half>(op, out, copies, num_copies, in, n, begin, end);
     case DType::kBFloat16:
-      return reduce_typed<uint16_t, BFloat16>(op, out, out2, in, n, begin, end);
+      return reduce_typed<uint16_t, BFloat16>(op, out, copies, num_copies, in, n, begin, end);
     case DType::kInt32:
-      return reduce_typed<int32_t, Same<int32_t>>(op, out, out2, in, n, begin, end);
+      return reduce_typed<int32_t, Same<int32_t>>(op, out, copies, num_copies, in, n, begin, end);
     case DType::kInt64:
-      return reduce_typed<int64_t, Same<int64_t>>(op, out, out2, in, n, begin, end);
+      return reduce_typed<int64_t, Same<int64_t>>(op, out, copies, num_copies, in, n, begin, end);
   }
 }
 
-enum class Kind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kBarrier };
+enum class Kind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kBarrier, kAllReduceInPool };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -272,6 +277,8 @@ const char* kind_name(Kind k) {
       return "all_gather";
     case Kind::kBarrier:
       return "barrier";
+    case Kind::kAllReduceInPool:
+      return "all_reduce of a shared buffer";
   }
   return "?";
 }
@@ -328,23 +335,30 @@ struct Transport::Call {
   DType dtype = DType::kFloat32;
   Op op = Op::kSum;
   int root = 0;
-  size_t bytes = 0;  // per rank
+  size_t bytes = 0;   // per rank
+  size_t offset = 0;  // kAllReduceInPool: into each rank's part of the pool
+  const SharedPool* pool = nullptr;
   void* data = nullptr;
   const void* input = nullptr;
   const std::vector<void*>* outputs = nullptr;
 
+  // kAllReduceInPool: the pool's id where the root goes.
   uint64_t code() const {
+    const uint32_t high = kind == Kind::kAllReduceInPool ? pool->id() : static_cast<uint32_t>(root);
     return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
-           static_cast<uint64_t>(op) << 16 |
-           static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
+           static_cast<uint64_t>(op) << 16 | static_cast<uint64_t>(high) << 32;
   }
-  static std::string describe(uint64_t code, uint64_t bytes) {
+  static std::string describe(uint64_t code, uint64_t bytes, uint64_t offset = 0) {
     const auto kind = static_cast<Kind>(code & 0xFF);
     std::ostringstream os;
     os << kind_name(kind);
     if (kind == Kind::kAllReduce) {
       os << " (" << dtype_name(static_cast<DType>((code >> 8) & 0xFF)) << ", "
          << op_name(static_cast<Op>((code >> 16) & 0xFF)) << ", " << bytes << " bytes)";
+    } else if (kind == Kind::kAllReduceInPool) {
+      os << " (" << dtype_name(static_cast<DType>((code >> 8) & 0xFF)) << ", "
+         << op_name(static_cast<Op>((code >> 16) & 0xFF)) << ", " << bytes << " bytes at " << offset
+         << " in pool " << (code >> 32) << ")";
     } else if (kind == Kind::kBroadcast) {
       os << " (from rank " << static_cast<int32_t>(code >> 32) << ", " << bytes << " bytes)";
     } else if (kind == Kind::kAllGather) {
@@ -386,8 +400,11 @@ Transport::~Transport() {
   if (base_ != nullptr) ::munmap(base_, bytes_);
 }
 
-std::unique_ptr<Transport> Transport::create(const std::string& name, const Options& options) {
-  const size_t bytes = segment_bytes(options);
+namespace {
+
+// A new segment `name` of `bytes` bytes, private to this user (0600), every page
+// reserved, mapped. Throws Error(kSetup).
+void* map_new_segment(const std::string& name, size_t bytes) {
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     const int err = errno;
@@ -416,13 +433,12 @@ std::unique_ptr<Transport> Transport::create(const std::string& name, const Opti
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) give_up("could not map " + name + ": " + errno_text(errno));
   ::close(fd);
-  std::unique_ptr<Transport> t(new Transport(name, options, base, bytes, /*owner=*/true));
-  t->init_header();
-  return t;
+  return base;
 }
 
-std::unique_ptr<Transport> Transport::open(const std::string& name, const Options& options) {
-  const size_t bytes = segment_bytes(options);
+// Maps the segment `name` that rank 0 made, which must have `bytes` bytes (`why_size`:
+// what a different size means). Throws Error(kSetup).
+void* map_segment(const std::string& name, size_t bytes, const std::string& why_size) {
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     const int err = errno;
@@ -434,11 +450,9 @@ std::unique_ptr<Transport> Transport::open(const std::string& name, const Option
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     ::close(fd);
-    throw Error(Error::Kind::kSetup, "the shared memory segment " + name + " has " +
-                                         std::to_string(st.st_size) +
-                                         " bytes, but this rank expects " + std::to_string(bytes) +
-                                         ": the ranks disagree on the world size or the slice "
-                                         "size (DDP_SHM_SLICE_BYTES).");
+    throw Error(Error::Kind::kSetup,
+                "the shared memory segment " + name + " has " + std::to_string(st.st_size) +
+                    " bytes, but this rank expects " + std::to_string(bytes) + ": " + why_size);
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -446,6 +460,24 @@ std::unique_ptr<Transport> Transport::open(const std::string& name, const Option
   if (base == MAP_FAILED) {
     throw Error(Error::Kind::kSetup, "could not map " + name + ": " + errno_text(err));
   }
+  return base;
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> Transport::create(const std::string& name, const Options& options) {
+  const size_t bytes = segment_bytes(options);
+  void* base = map_new_segment(name, bytes);
+  std::unique_ptr<Transport> t(new Transport(name, options, base, bytes, /*owner=*/true));
+  t->init_header();
+  return t;
+}
+
+std::unique_ptr<Transport> Transport::open(const std::string& name, const Options& options) {
+  const size_t bytes = segment_bytes(options);
+  void* base =
+      map_segment(name, bytes,
+                  "the ranks disagree on the world size or the slice size (DDP_SHM_SLICE_BYTES).");
   std::unique_ptr<Transport> t(new Transport(name, options, base, bytes, /*owner=*/false));
   const auto* h = static_cast<const Header*>(base);
   if (h->magic != kMagic || h->world_size != static_cast<uint32_t>(options.world_size)) {
@@ -454,6 +486,45 @@ std::unique_ptr<Transport> Transport::open(const std::string& name, const Option
                                          std::to_string(options.world_size) + " ranks.");
   }
   return t;
+}
+
+SharedPool::SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank,
+                       uint32_t id, bool owner)
+    : name_(std::move(name)),
+      base_(base),
+      bytes_(bytes),
+      bytes_per_rank_(bytes_per_rank),
+      id_(id),
+      linked_(owner) {}
+
+SharedPool::~SharedPool() {
+  unlink();
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+void SharedPool::unlink() {
+  if (linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+std::shared_ptr<SharedPool> SharedPool::create(const std::string& name, int world_size,
+                                               size_t bytes_per_rank, uint32_t id) {
+  const size_t bytes = static_cast<size_t>(world_size) * bytes_per_rank;
+  void* base = map_new_segment(name, bytes);
+  return std::shared_ptr<SharedPool>(
+      new SharedPool(name, base, bytes, bytes_per_rank, id, /*owner=*/true));
+}
+
+std::shared_ptr<SharedPool> SharedPool::open(const std::string& name, int world_size,
+                                             size_t bytes_per_rank, uint32_t id) {
+  const size_t bytes = static_cast<size_t>(world_size) * bytes_per_rank;
+  void* base = map_segment(name, bytes,
+                           "the ranks asked for buffers of different sizes (DDP must be "
+                           "constructed with the same model on every rank).");
+  return std::shared_ptr<SharedPool>(
+      new SharedPool(name, base, bytes, bytes_per_rank, id, /*owner=*/false));
 }
 
 void Transport::init_header() {
@@ -472,6 +543,7 @@ void Transport::init_header() {
     for (int s = 0; s < 2; ++s) {
       c->call[s].store(0, std::memory_order_relaxed);
       c->bytes[s].store(0, std::memory_order_relaxed);
+      c->offset[s].store(0, std::memory_order_relaxed);
     }
   }
   // Published to the other ranks through the store: they map the segment only after
@@ -636,16 +708,71 @@ void Transport::check_same_call(const Call& call, int slot) {
     Control& c = control_of(base_, r);
     const uint64_t theirs = c.call[slot].load(std::memory_order_relaxed);
     const uint64_t their_bytes = c.bytes[slot].load(std::memory_order_relaxed);
-    if (theirs != code || their_bytes != call.bytes) {
+    const uint64_t their_offset = c.offset[slot].load(std::memory_order_relaxed);
+    if (theirs != code || their_bytes != call.bytes || their_offset != call.offset) {
       fail(Error::Kind::kMismatch,
            "the ranks called different collectives: this rank called " +
-               Call::describe(code, call.bytes) + ", but rank " + std::to_string(r) + " called " +
-               Call::describe(theirs, their_bytes) +
+               Call::describe(code, call.bytes, call.offset) + ", but rank " + std::to_string(r) +
+               " called " + Call::describe(theirs, their_bytes, their_offset) +
                ". Every rank must call the same collectives, in the same order, with the same "
                "sizes",
            r);
     }
   }
+}
+
+void Transport::begin_call() {
+  deadline_ = Clock::now() + options_.timeout;
+  if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
+    throw Error(Error::Kind::kAborted, "an earlier collective of this group failed: " +
+                                           abort_cause(aborted) + "; the group is broken");
+  }
+  if (local_abort_->load(std::memory_order_acquire)) {
+    throw Error(Error::Kind::kAborted, "this process group was shut down");
+  }
+}
+
+// Note [Zero-copy buffers]: one unit of three phases, like a slice, so that the slot
+// bookkeeping of run() holds across both kinds of collectives; the slot carries only the
+// description of the call, no data.
+void Transport::run_in_pool(const Call& call) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t esize = dtype_size(call.dtype);
+  begin_call();
+  Control& mine = control_of(base_, me);
+  const int slot = static_cast<int>(slices_ & 1);
+  if (slices_ >= 2) wait_all(step_ - 3, call, "slot reuse");
+  mine.call[slot].store(call.code(), std::memory_order_relaxed);
+  mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
+  mine.offset[slot].store(call.offset, std::memory_order_relaxed);
+  // A: this rank's buffer holds its input (its writes happen before this release).
+  publish();
+  wait_all(step_, call, "A");
+  check_same_call(call, slot);
+
+  // B: partition `me` reduced over every rank's buffer, in rank order, into all of them.
+  const size_t elems = call.bytes / esize;
+  const size_t line = std::max<size_t>(1, kLine / esize);
+  const size_t chunk =
+      round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
+  const size_t begin = std::min(elems, chunk * static_cast<size_t>(me));
+  const size_t end = std::min(elems, begin + chunk);
+  if (begin < end) {
+    copies_.clear();
+    for (int r = 0; r < n; ++r) {
+      inputs_[static_cast<size_t>(r)] = call.pool->part(r) + call.offset;
+      if (r != me) copies_.push_back(call.pool->part(r) + call.offset);
+    }
+    reduce(call.dtype, call.op, call.pool->part(me) + call.offset, copies_.data(),
+           static_cast<int>(copies_.size()), inputs_.data(), n, begin, end);
+  }
+  publish();
+  // Every partition is in this rank's buffer once every rank has published B; after that
+  // no rank touches another's buffer for this call.
+  wait_all(step_, call, "B");
+  publish();  // C
+  ++slices_;
 }
 
 void Transport::run(const Call& call) {
@@ -656,14 +783,7 @@ void Transport::run(const Call& call) {
   // all_reduce slices hold whole elements; the partitions of a slice are whole cache lines.
   const size_t per_slice = call.kind == Kind::kAllReduce ? slice / esize * esize : slice;
   const size_t slices = std::max<size_t>(1, (call.bytes + per_slice - 1) / per_slice);
-  deadline_ = Clock::now() + options_.timeout;
-  if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
-    throw Error(Error::Kind::kAborted, "an earlier collective of this group failed: " +
-                                           abort_cause(aborted) + "; the group is broken");
-  }
-  if (local_abort_->load(std::memory_order_acquire)) {
-    throw Error(Error::Kind::kAborted, "this process group was shut down");
-  }
+  begin_call();
 
   Control& mine = control_of(base_, me);
   for (size_t s = 0; s < slices; ++s, ++slices_) {
@@ -677,6 +797,7 @@ void Transport::run(const Call& call) {
     if (s == 0) {
       mine.call[slot].store(call.code(), std::memory_order_relaxed);
       mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
+      mine.offset[slot].store(0, std::memory_order_relaxed);
     }
     unsigned char* my_in = input_area(slot, me);
     unsigned char* my_data =
@@ -713,7 +834,8 @@ void Transport::run(const Call& call) {
         for (int r = 0; r < n; ++r) {
           inputs_[static_cast<size_t>(r)] = r == me ? my_data : input_area(slot, r);
         }
-        reduce(call.dtype, call.op, result_area(slot), my_data, inputs_.data(), n, part_begin,
+        void* own = my_data;
+        reduce(call.dtype, call.op, result_area(slot), &own, 1, inputs_.data(), n, part_begin,
                part_end);
       }
       publish();
@@ -748,6 +870,24 @@ void Transport::all_reduce(void* data, size_t count, DType dtype, Op op) {
   call.bytes = count * dtype_size(dtype);
   call.data = data;
   run(call);
+}
+
+void Transport::all_reduce_in_pool(const SharedPool& pool, size_t offset, size_t count, DType dtype,
+                                   Op op) {
+  Call call;
+  call.kind = Kind::kAllReduceInPool;
+  call.dtype = dtype;
+  call.op = op;
+  call.bytes = count * dtype_size(dtype);
+  call.offset = offset;
+  call.pool = &pool;
+  if (offset > pool.bytes_per_rank() || call.bytes > pool.bytes_per_rank() - offset) {
+    throw std::invalid_argument("all_reduce_in_pool: " + std::to_string(call.bytes) +
+                                " bytes at offset " + std::to_string(offset) +
+                                " do not fit a pool part of " +
+                                std::to_string(pool.bytes_per_rank()) + " bytes");
+  }
+  run_in_pool(call);
 }
 
 void Transport::broadcast(void* data, size_t bytes, int root) {

@@ -65,6 +65,47 @@ class Error : public std::runtime_error {
   Kind kind_;
 };
 
+/// Note [Zero-copy buffers]
+/// Memory that every rank of a group maps: `bytes_per_rank` bytes per rank, rank r's part
+/// at part(r). A tensor that lives in a pool (DDP's bucket buffers on the shm backend) is
+/// all-reduced in place there: rank r reduces partition r over every rank's part, in rank
+/// order, and writes the result into every rank's part. No copy in or out, and no slices:
+/// each rank reads and writes each byte of its partition once per rank.
+class SharedPool {
+ public:
+  /// Rank 0: a new segment of world_size * bytes_per_rank bytes, all pages reserved
+  /// (zero-filled). Throws Error(kSetup) saying why.
+  static std::shared_ptr<SharedPool> create(const std::string& name, int world_size,
+                                            size_t bytes_per_rank, uint32_t id);
+  /// The other ranks: maps the pool rank 0 created. Throws Error(kSetup).
+  static std::shared_ptr<SharedPool> open(const std::string& name, int world_size,
+                                          size_t bytes_per_rank, uint32_t id);
+  ~SharedPool();
+  SharedPool(const SharedPool&) = delete;
+  SharedPool& operator=(const SharedPool&) = delete;
+
+  /// Removes the name from /dev/shm (rank 0, once every rank mapped it). Idempotent.
+  void unlink();
+  unsigned char* part(int rank) const {
+    return static_cast<unsigned char*>(base_) + static_cast<size_t>(rank) * bytes_per_rank_;
+  }
+  size_t bytes_per_rank() const { return bytes_per_rank_; }
+  /// The same on every rank; named in the collective's description, so that ranks that
+  /// all-reduce different pools are a mismatch.
+  uint32_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank, uint32_t id,
+             bool owner);
+  std::string name_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  size_t bytes_per_rank_ = 0;
+  uint32_t id_ = 0;
+  bool linked_ = false;
+};
+
 struct Options {
   int rank = 0;
   int world_size = 1;
@@ -102,6 +143,9 @@ class Transport {
 
   /// In place over `count` elements at `data`.
   void all_reduce(void* data, size_t count, DType dtype, Op op);
+  /// In place over `count` elements at `offset` bytes into every rank's part of `pool`
+  /// (Note [Zero-copy buffers]). Every rank must pass the same pool, offset and count.
+  void all_reduce_in_pool(const SharedPool& pool, size_t offset, size_t count, DType dtype, Op op);
   /// In place: every rank ends with root's `bytes` bytes.
   void broadcast(void* data, size_t bytes, int root);
   /// outputs[r] receives rank r's `bytes` bytes from `input`.
@@ -123,6 +167,8 @@ class Transport {
   void init_header();
   struct Call;
   void run(const Call& call);
+  void begin_call();
+  void run_in_pool(const Call& call);
   void publish();
   void wait_all(uint32_t target, const Call& call, const char* phase);
   void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
@@ -143,6 +189,7 @@ class Transport {
   uint64_t slices_ = 0;  // slices run so far (selects the slot)
   std::vector<int64_t> peer_pids_;
   std::vector<const void*> inputs_;  // one per rank, reused by every reduction
+  std::vector<void*> copies_;        // where a reduced partition also goes
   std::chrono::steady_clock::time_point deadline_;
   // abort(local_only): read by this rank's waits only.
   std::unique_ptr<std::atomic<bool>> local_abort_;

@@ -40,6 +40,10 @@ class TracedComm final : public Comm {
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override;
   void barrier() override;
+  std::vector<at::Tensor> allocate_buffers(const std::vector<int64_t>& numels,
+                                           const std::vector<at::TensorOptions>& options) override {
+    return inner_->allocate_buffers(numels, options);
+  }
 
   void store_set(const std::string& key, const std::string& value) override {
     inner_->store_set(key, value);

@@ -23,8 +23,11 @@ at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tenso
 }
 
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment, bool allocate) {
+                                 const BucketAssignment& assignment, bool with_buffers,
+                                 const BufferAllocator& allocate) {
   std::vector<Bucket> buckets(assignment.size());
+  std::vector<int64_t> numels;
+  std::vector<at::TensorOptions> options;
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.params = assignment[b];
@@ -34,9 +37,20 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
       total += params[i].numel();
     }
     bucket.pending = bucket.params.size();
-    if (!allocate) continue;
-    const at::Tensor& first = params[bucket.params.front()];
-    bucket.buffer = at::zeros({total}, first.options().requires_grad(false));
+    numels.push_back(total);
+    options.push_back(params[bucket.params.front()].options().requires_grad(false));
+  }
+  if (!with_buffers) return buckets;
+  std::vector<at::Tensor> buffers;
+  if (allocate) {
+    buffers = allocate(numels, options);
+  } else {
+    for (size_t b = 0; b < buckets.size(); ++b)
+      buffers.push_back(at::zeros({numels[b]}, options[b]));
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.buffer = std::move(buffers[b]);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       bucket.views.push_back(
           bucket_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]]));

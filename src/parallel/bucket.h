@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,10 +53,17 @@ struct Slot {
   size_t index = 0;
 };
 
-/// Buckets for `assignment` over `params` (the reduced parameters): zeroed buffers and
-/// their views when `allocate`, else only the bookkeeping (world size 1).
+/// Makes zeroed 1-D buffers of numels[i] elements with options[i] (Comm::allocate_buffers).
+using BufferAllocator =
+    std::function<std::vector<at::Tensor>(const std::vector<int64_t>& numels,
+                                          const std::vector<at::TensorOptions>& options)>;
+
+/// Buckets for `assignment` over `params` (the reduced parameters): zeroed buffers from
+/// `allocate` (plain tensors when it is empty) and their views when `with_buffers`, else
+/// only the bookkeeping (world size 1).
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment, bool allocate = true);
+                                 const BucketAssignment& assignment, bool with_buffers = true,
+                                 const BufferAllocator& allocate = {});
 
 /// slots[i]: where params[i] is.
 std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params);

@@ -51,17 +51,31 @@ void Reducer::shadow_reduction() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable();
   TORCH_INTERNAL_ASSERT(!local(), "a world of one has nobody to shadow");
-  // The trainers launch every bucket, in bucket order, then count parameter use; the
-  // zeros go into fresh buffers, so gradients that live in the buckets
-  // (gradient_as_bucket_view) stay as they are.
+  // The trainers launch every bucket, in bucket order, then count parameter use. The
+  // zeros go into the buckets' own buffers, as the trainers' gradients do: on shm those
+  // live in shared memory and are reduced in place, and every rank must pass the same
+  // kind of buffer (Note [Zero-copy buffers]). Gradients that live in the buckets
+  // (gradient_as_bucket_view) are put back afterwards; otherwise a buffer holds nothing
+  // between iterations.
   std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  std::vector<at::Tensor> saved(buckets_.size());
   futures.reserve(buckets_.size());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    futures.push_back(reduce_async(b, at::zeros_like(buckets_[b].buffer)));
+  {
+    at::NoGradGuard no_grad;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      at::Tensor buffer = buckets_[b].buffer;
+      if (options_.gradient_as_bucket_view) saved[b] = buffer.clone();
+      buffer.zero_();
+      futures.push_back(reduce_async(b, buffer));
+    }
   }
   for (size_t b = 0; b < futures.size(); ++b) {
     futures[b]->wait();
     bucket_result(b, *futures[b]);
+  }
+  at::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (saved[b].defined()) buckets_[b].buffer.copy_(saved[b]);
   }
   const std::vector<int> use = global_use();  // this rank's part: all zeros
   if (static_first_iteration() && expected_calls_.empty()) {

@@ -4,6 +4,7 @@
 
 #include "support/harness.h"
 
+#include "../../src/core/comm.h"
 #include "../../src/core/host_identity.h"
 
 #include <ddp/distributed/process_group.h>
@@ -232,6 +233,49 @@ TEST_P(ShmWorldTest, AsyncWorksCompleteInOrderWithTheirValues) {
       EXPECT_TRUE(value[0].is_same(tensors[k]) || at::equal(value[0], tensors[k]));
     }
   });
+}
+
+// Note [Zero-copy buffers]: buffers from the group (DDP's buckets) live in shared memory
+// and reduce in place, several in flight together, bit-identical to the fold.
+TEST_P(ShmWorldTest, BuffersOfTheGroupLiveInSharedMemoryAndReduceInPlace) {
+  const int world = GetParam();
+  const std::vector<int64_t> numels = {300001, 7, 1000, 0};
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kLong, at::kFloat};
+  std::mutex mu;
+  std::vector<std::vector<at::Tensor>> results(static_cast<size_t>(world));
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    std::vector<at::TensorOptions> options;
+    for (auto dtype : dtypes) options.push_back(at::TensorOptions().dtype(dtype));
+    auto buffers = ddp::detail::comm_of(pg).allocate_buffers(numels, options);
+    ASSERT_EQ(buffers.size(), numels.size());
+    for (size_t i = 0; i < numels.size(); ++i) {
+      ASSERT_EQ(buffers[i].numel(), numels[i]);
+      ASSERT_EQ(buffers[i].scalar_type(), dtypes[i]);
+      EXPECT_TRUE(at::equal(buffers[i], at::zeros_like(buffers[i])));
+      if (numels[i] > 0) {
+        EXPECT_EQ(ddp_test::in_shared_segment(buffers[i].data_ptr()), world > 1) << "buffer " << i;
+      }
+    }
+    for (int round = 0; round < 3; ++round) {
+      std::vector<ddp::Work> works;
+      for (size_t i = 0; i < 3; ++i) {
+        buffers[i].copy_(input_of(pg.rank(), numels[i], dtypes[i]));
+        std::vector<at::Tensor> list = {buffers[i]};
+        works.push_back(pg.all_reduce_async(list, ddp::ReduceOp::SUM));
+      }
+      for (auto& w : works) w.wait();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    results[static_cast<size_t>(pg.rank())] = {buffers[0].clone(), buffers[1].clone(),
+                                               buffers[2].clone()};
+  });
+  for (size_t i = 0; i < 3; ++i) {
+    const at::Tensor want = reference(world, numels[i], dtypes[i], ddp::ReduceOp::SUM);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(same_bits(results[static_cast<size_t>(r)][i], want))
+          << "buffer " << i << " rank " << r;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorldTest, ::testing::Values(1, 2, 3, 5, 8));

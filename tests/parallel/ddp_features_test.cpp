@@ -123,6 +123,9 @@ TEST(CommHookTest, UserHookSeesBucketsInOrderAndItsResultIsUsed) {
       seen.push_back(bucket.index());
       params_seen += bucket.parameters().size();
       last_flag_ok &= bucket.is_last() == (bucket.index() + 1 == num_buckets);
+      // On shm the buckets live in the group's shared memory (Note [Zero-copy buffers]).
+      EXPECT_EQ(ddp_test::in_shared_segment(bucket.buffer().data_ptr()), pg.backend() == "shm")
+          << "bucket " << bucket.index() << " on " << pg.backend();
       // gradients() are views of buffer() shaped like the parameters.
       auto grads = bucket.gradients();
       for (size_t k = 0; k < grads.size(); ++k) {

@@ -122,6 +122,72 @@ void a_missing_rank_times_out_and_stops_the_others() {
             std::to_string(aborted.load()));
 }
 
+// Note [Zero-copy buffers]: each rank's part of one pool (its own mapping), all-reduced
+// in place, mixed with ordinary all-reduces that use the slots in between.
+void pool_all_reduce_matches_the_fold(int world, size_t count, size_t slice) {
+  const size_t offset = 4096;
+  const size_t part = offset + count * sizeof(double) + 64;
+  const std::string name = Transport::unique_name();
+  std::vector<std::shared_ptr<SharedPool>> pools(static_cast<size_t>(world));
+  pools[0] = SharedPool::create(name, world, part, 7);
+  for (int r = 1; r < world; ++r)
+    pools[static_cast<size_t>(r)] = SharedPool::open(name, world, part, 7);
+  pools[0]->unlink();
+  std::atomic<int> bad{0};
+  run_world(world, slice, std::chrono::seconds(30), [&](Transport& t) {
+    const int me = t.rank();
+    SharedPool& pool = *pools[static_cast<size_t>(me)];
+    auto* mine = reinterpret_cast<double*>(pool.part(me) + offset);
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < count; ++i) mine[i] = input(me, i) + k;
+      t.all_reduce_in_pool(pool, offset, count, DType::kFloat64, Op::kSum);
+      // An ordinary all-reduce in between: both kinds share the slots.
+      std::vector<float> v(count % 5000 + 1);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = input(me, i);
+      t.all_reduce(v.data(), v.size(), DType::kFloat32, Op::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        double want = static_cast<double>(input(0, i)) + k;
+        for (int r = 1; r < world; ++r) want += static_cast<double>(input(r, i)) + k;
+        if (std::memcmp(&mine[i], &want, sizeof(double)) != 0) ++bad;
+      }
+      for (size_t i = 0; i < v.size(); ++i) {
+        float want = input(0, i);
+        for (int r = 1; r < world; ++r) want += input(r, i);
+        if (v[i] != want) ++bad;
+      }
+    }
+    t.barrier();
+  });
+  check(bad == 0, "all_reduce_in_pool of " + std::to_string(count) + " doubles on " +
+                      std::to_string(world) + " ranks: " + std::to_string(bad.load()) + " wrong");
+}
+
+// One rank all-reduces its pool buffer, the other an ordinary buffer: a mismatch on
+// both, not a wrong result.
+void pool_and_plain_calls_are_a_mismatch() {
+  const std::string name = Transport::unique_name();
+  std::vector<std::shared_ptr<SharedPool>> pools(2);
+  pools[0] = SharedPool::create(name, 2, 4096, 1);
+  pools[1] = SharedPool::open(name, 2, 4096, 1);
+  pools[0]->unlink();
+  std::atomic<int> mismatches{0}, others{0};
+  run_world(2, 4096, std::chrono::seconds(10), [&](Transport& t) {
+    float x[4] = {1, 2, 3, 4};
+    try {
+      if (t.rank() == 0) {
+        t.all_reduce_in_pool(*pools[0], 0, 4, DType::kFloat32, Op::kSum);
+      } else {
+        t.all_reduce(x, 4, DType::kFloat32, Op::kSum);
+      }
+    } catch (const Error& e) {
+      (e.kind() == Error::Kind::kMismatch ? mismatches : others)++;
+    }
+  });
+  check(mismatches >= 1 && mismatches + others == 2,
+        "pool against plain all_reduce: mismatches " + std::to_string(mismatches.load()) +
+            ", other errors " + std::to_string(others.load()));
+}
+
 }  // namespace
 
 int main() {
@@ -131,6 +197,11 @@ int main() {
     broadcast_and_gather(world);
   }
   all_reduce_matches_the_fold(2, 1000003, 1 << 20);
+  for (int world : {1, 2, 3, 5, 8}) {
+    pool_all_reduce_matches_the_fold(world, 1, 4096);
+    pool_all_reduce_matches_the_fold(world, 30001, 4096);
+  }
+  pool_and_plain_calls_are_a_mismatch();
   a_missing_rank_times_out_and_stops_the_others();
   if (failures == 0) std::printf("shm transport: all checks passed\n");
   return failures == 0 ? 0 : 1;

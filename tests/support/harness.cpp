@@ -114,6 +114,18 @@ ddp::InitOptions file_init(const TempDir& dir, int rank, int world,
       .timeout(timeout);
 }
 
+bool in_shared_segment(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) != 2) continue;
+    if (addr >= lo && addr < hi) return line.find("/dev/shm/ddp-") != std::string::npos;
+  }
+  return false;
+}
+
 void run_threads(int world, const std::function<void(int)>& fn) {
   std::mutex mu;
   std::vector<std::string> errors(world);

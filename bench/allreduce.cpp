@@ -109,10 +109,6 @@ int main(int argc, char** argv) {
                                            .world_size(n));
   shm->barrier();
   if (leader) {
-    std::remove((dir + "/store").c_str());
-    ::rmdir(dir.c_str());
-  }
-  if (leader) {
     std::printf("# all_reduce (SUM, float32), %d ranks%s; time: median of repeats (slowest rank); "
                 "busbw = bytes/time * 2(n-1)/n; memcpy: one process's copy of the same bytes\n",
                 n, busy ? ", one compute thread per rank" : "");
@@ -162,6 +158,12 @@ int main(int argc, char** argv) {
   }
   stop = true;
   if (compute.joinable()) compute.join();
+  shm->barrier();
   shm->shutdown();
+  // The store stays until the end: the group uses it again to map the buckets' pool.
+  if (leader) {
+    std::remove((dir + "/store").c_str());
+    ::rmdir(dir.c_str());
+  }
   return 0;
 }

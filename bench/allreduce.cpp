@@ -160,7 +160,9 @@ int main(int argc, char** argv) {
   if (compute.joinable()) compute.join();
   shm->barrier();
   shm->shutdown();
-  // The store stays until the end: the group uses it again to map the buckets' pool.
+  // The store stays until every rank has released its group (the group maps the
+  // buckets' pool through it, and a FileStore's destructor still writes to it).
+  gloo->barrier();
   if (leader) {
     std::remove((dir + "/store").c_str());
     ::rmdir(dir.c_str());

@@ -44,6 +44,7 @@ struct Args {
   int warmup = 10;
   int iters = 50;
   double bucket_cap_mb = 25;
+  bool gradient_as_bucket_view = false;
   double lr = 0.01;
   bool set_to_none = true;
   int check_steps = 0;
@@ -57,7 +58,8 @@ struct Args {
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "bench_compare: " << problem << "\n"
             << "usage: bench_compare --model small|cnn|wide --out DIR [--ddp 1] [--warmup 10]\n"
-               "       [--iters 50] [--bucket-cap-mb 25] [--lr 0.01] [--set-to-none 1]\n"
+               "       [--iters 50] [--bucket-cap-mb 25] [--gradient-as-bucket-view 0]\n"
+               "       [--lr 0.01] [--set-to-none 1]\n"
                "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n"
                "       [--backend gloo|shm]  (default: the library's choice)\n";
   std::exit(2);
@@ -79,6 +81,8 @@ Args parse(int argc, char** argv) {
       a.iters = std::stoi(v);
     else if (flag == "--bucket-cap-mb")
       a.bucket_cap_mb = std::stod(v);
+    else if (flag == "--gradient-as-bucket-view")
+      a.gradient_as_bucket_view = std::stoi(v) != 0;
     else if (flag == "--lr")
       a.lr = std::stod(v);
     else if (flag == "--set-to-none")
@@ -210,7 +214,9 @@ int run(const Args& args) {
   auto model = bench::build(args.model);
   using DDP = ddp::DistributedDataParallel<torch::nn::Sequential>;
   DDP dmodel(nullptr);
-  auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb);
+  auto options = ddp::DistributedDataParallelOptions()
+                     .bucket_cap_mb(args.bucket_cap_mb)
+                     .gradient_as_bucket_view(args.gradient_as_bucket_view);
   if (!args.trace.empty()) options.trace_path(args.trace);
   if (args.ddp) dmodel = DDP(model, options);
   std::filesystem::create_directories(args.out);

@@ -31,6 +31,8 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--gradient-as-bucket-view", type=int, default=0,
+                    help="DDP's gradient_as_bucket_view")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--set-to-none", type=int, default=1, help="zero_grad(set_to_none=...)")
     ap.add_argument("--check-steps", type=int, default=0,
@@ -107,7 +109,9 @@ def main():
     model = models.build(args.model)
     net = model
     if args.ddp:
-        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=args.bucket_cap_mb,
+            gradient_as_bucket_view=bool(args.gradient_as_bucket_view))
     data = models.batches(args.model, rank)
     set_to_none = bool(args.set_to_none)
     step = make_step(net, model, args.lr, data, set_to_none)

@@ -159,10 +159,12 @@ def markdown(data, summary=None):
     add("| ddp-cpp | %s |" % (meta["git"] or "unknown"))
     add("| launcher | %s |" % meta["launcher"])
     add("| settings | %d trials per configuration, interleaved; %d warm-up + %d measured "
-        "iterations per trial; bucket_cap_mb %g; ddp-cpp on %s, PyTorch on gloo; 1 thread "
+        "iterations per trial; bucket_cap_mb %g%s; ddp-cpp on %s, PyTorch on gloo; 1 thread "
         "per rank; SGD lr 0.01; zero_grad(set_to_none=True); glibc malloc: %s "
         "(docs/benchmarks.md) |"
-        % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"], _cpp_backend(data),
+        % (st["trials"], st["warmup"], st["iters"], st["bucket_cap_mb"],
+           "; gradient_as_bucket_view" if st.get("gradient_as_bucket_view") else "",
+           _cpp_backend(data),
            st.get("malloc", "default" if st.get("no_hugetlb") else "hugetlb")))
     add("| run time | %.0f s |" % meta["elapsed_s"])
     relaunched = data.get("relaunched", [])

@@ -69,6 +69,8 @@ def parse_args(argv):
                          "host); PyTorch's DDP always runs on gloo")
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
                     help="DDP bucket_cap_mb, the same on both sides")
+    ap.add_argument("--gradient-as-bucket-view", type=int, default=0,
+                    help="DDP gradient_as_bucket_view, the same on both sides")
     ap.add_argument("--check-steps", type=int, default=3,
                     help="SGD steps before comparing C++ and Python parameters")
     ap.add_argument("--rtol", type=float, default=1e-4,
@@ -128,7 +130,9 @@ class Bench:
         iters = self.args.iters if iters is None else iters
         common = ["--model", model, "--ddp", "1" if mode == "ddp" else "0",
                   "--warmup", str(warmup), "--iters", str(iters),
-                  "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out]
+                  "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb,
+                  "--gradient-as-bucket-view", str(self.args.gradient_as_bucket_view),
+                  "--out", out]
         if side == "cpp":
             backend = ["--backend", self.args.cpp_backend] if self.args.cpp_backend else []
             return [self.cpp] + common + backend + list(extra)
@@ -271,7 +275,8 @@ class Bench:
         iters = max(3, self.args.stats_iters)
         out = tempfile.mkdtemp(dir=self.tmp)
         cmd = [self.cpp, "--model", model, "--ddp", "1", "--warmup", "5", "--iters",
-               str(iters), "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb, "--out", out,
+               str(iters), "--bucket-cap-mb", "%g" % self.args.bucket_cap_mb,
+               "--gradient-as-bucket-view", str(self.args.gradient_as_bucket_view), "--out", out,
                "--trace", trace]
         self.launcher.run(2, cmd, "traced run (%s)" % model)
         traces = sorted(os.path.join(trace_dir, f) for f in os.listdir(trace_dir))
@@ -375,7 +380,8 @@ def main(argv=None):
             [PYTHON, "-c", "import torch, sys; print(torch.__version__, sys.version.split()[0])"]),
         "compiler": launch.command_output(["c++", "--version"]).splitlines()[:1],
         "settings": {k: getattr(args, k) for k in (
-            "trials", "warmup", "iters", "stats_iters", "bucket_cap_mb", "check_steps",
+            "trials", "warmup", "iters", "stats_iters", "bucket_cap_mb",
+            "gradient_as_bucket_view", "check_steps",
             "rtol", "quick", "malloc", "models")},
         "argv": sys.argv[1:] if argv is None else argv,
     }

@@ -342,6 +342,15 @@ struct Transport::Call {
   const void* input = nullptr;
   const std::vector<void*>* outputs = nullptr;
 
+  static Call reduction(Kind kind, size_t count, DType dtype, Op op) {
+    Call call;
+    call.kind = kind;
+    call.dtype = dtype;
+    call.op = op;
+    call.bytes = count * dtype_size(dtype);
+    return call;
+  }
+
   // kAllReduceInPool: the pool's id where the root goes.
   uint64_t code() const {
     const uint32_t high = kind == Kind::kAllReduceInPool ? pool->id() : static_cast<uint32_t>(root);
@@ -863,22 +872,14 @@ void Transport::run(const Call& call) {
 }
 
 void Transport::all_reduce(void* data, size_t count, DType dtype, Op op) {
-  Call call;
-  call.kind = Kind::kAllReduce;
-  call.dtype = dtype;
-  call.op = op;
-  call.bytes = count * dtype_size(dtype);
+  Call call = Call::reduction(Kind::kAllReduce, count, dtype, op);
   call.data = data;
   run(call);
 }
 
 void Transport::all_reduce_in_pool(const SharedPool& pool, size_t offset, size_t count, DType dtype,
                                    Op op) {
-  Call call;
-  call.kind = Kind::kAllReduceInPool;
-  call.dtype = dtype;
-  call.op = op;
-  call.bytes = count * dtype_size(dtype);
+  Call call = Call::reduction(Kind::kAllReduceInPool, count, dtype, op);
   call.offset = offset;
   call.pool = &pool;
   if (offset > pool.bytes_per_rank() || call.bytes > pool.bytes_per_rank() - offset) {

@@ -460,19 +460,24 @@ TEST(HostIdentityTest, LocalPlacementGroupsRanksByNetworkHost) {
 constexpr int kBroken = 21;
 constexpr int kTimedOut = 22;
 
-// Rank 2 is killed (SIGKILL) after the first all-reduce; ranks 0 and 1 go on and must
+// Rank 2 is killed (SIGKILL) after the first all-reduces; ranks 0 and 1 go on, with
+// ordinary tensors and buffers of the group's pool (as DDP's buckets) in turn, and must
 // fail with an error naming it, long before the 60 s timeout. Then rank 0, which made
-// the segment, is killed too: nothing may stay in /dev/shm.
+// the segment and the pool, is killed too: nothing may stay in /dev/shm.
 DDP_SCENARIO(shm_dead_peer) {
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(60)));
   std::printf("pid=%ld\n", static_cast<long>(::getpid()));
   std::fflush(stdout);
   at::Tensor t = at::ones({1 << 20});
+  at::Tensor bucket = ddp::detail::comm_of(*ddp::default_group())
+                          .allocate_buffers({1 << 20}, {at::TensorOptions(at::kFloat)})[0];
+  bucket.fill_(1);
   ddp::all_reduce(t);
+  ddp::all_reduce(bucket);
   if (ddp::get_rank() == 2) ::raise(SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   try {
-    for (int i = 0; i < 1000; ++i) ddp::all_reduce(t);
+    for (int i = 0; i < 1000; ++i) ddp::all_reduce(i % 2 == 0 ? t : bucket);
   } catch (const ddp::ProcessGroupError& e) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

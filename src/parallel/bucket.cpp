@@ -23,7 +23,7 @@ at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tenso
 }
 
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment, bool with_buffers,
+                                 const BucketAssignment& assignment,
                                  const BufferAllocator& allocate) {
   std::vector<Bucket> buckets(assignment.size());
   std::vector<int64_t> numels;
@@ -40,14 +40,8 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
     numels.push_back(total);
     options.push_back(params[bucket.params.front()].options().requires_grad(false));
   }
-  if (!with_buffers) return buckets;
-  std::vector<at::Tensor> buffers;
-  if (allocate) {
-    buffers = allocate(numels, options);
-  } else {
-    for (size_t b = 0; b < buckets.size(); ++b)
-      buffers.push_back(at::zeros({numels[b]}, options[b]));
-  }
+  if (!allocate) return buckets;
+  std::vector<at::Tensor> buffers = allocate(numels, options);
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.buffer = std::move(buffers[b]);

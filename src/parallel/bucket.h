@@ -59,11 +59,11 @@ using BufferAllocator =
                                           const std::vector<at::TensorOptions>& options)>;
 
 /// Buckets for `assignment` over `params` (the reduced parameters): zeroed buffers from
-/// `allocate` (plain tensors when it is empty) and their views when `with_buffers`, else
-/// only the bookkeeping (world size 1).
+/// `allocate` and their views, or only the bookkeeping when `allocate` is empty (world
+/// size 1).
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                 const BucketAssignment& assignment, bool with_buffers = true,
-                                 const BufferAllocator& allocate = {});
+                                 const BucketAssignment& assignment,
+                                 const BufferAllocator& allocate);
 
 /// slots[i]: where params[i] is.
 std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params);

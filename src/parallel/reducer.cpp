@@ -55,11 +55,14 @@ void Reducer::install_buckets(const BucketAssignment& assignment) {
   // Collective (the constructor, and the rebuild after the broadcast of the order):
   // the shm backend maps the buffers on every rank (Note [Zero-copy buffers]).
   Comm& comm = comm_of(*pg_);
-  buckets_ = make_buckets(params_, assignment_, /*with_buffers=*/!local(),
-                          [&comm](const std::vector<int64_t>& numels,
-                                  const std::vector<at::TensorOptions>& options) {
-                            return comm.allocate_buffers(numels, options);
-                          });
+  BufferAllocator allocate;
+  if (!local()) {
+    allocate = [&comm](const std::vector<int64_t>& numels,
+                       const std::vector<at::TensorOptions>& options) {
+      return comm.allocate_buffers(numels, options);
+    };
+  }
+  buckets_ = make_buckets(params_, assignment_, allocate);
   if (local() || !options_.gradient_as_bucket_view) return;
   // Gradients that already exist move into the buckets, as PyTorch does; the others
   // are adopted when they first arrive (mark_ready).

@@ -404,3 +404,42 @@ TEST(GradientAsBucketViewTest, MatchesReferenceAndAliasesBuckets) {
     }
   });
 }
+
+// A hidden layer of 1100 x 1100 floats (4.8 MB) is above the size from which the reducer
+// copies gradients into their buckets, and back, with non-temporal stores (Note
+// [Streaming bucket copies]): at 3 ranks (1/3 is not exact in binary), with and without
+// gradient_as_bucket_view, across a bucket rebuild, every rank holds the full-batch
+// gradient and the same bits as every other rank.
+TEST(GradientEquivalenceTest, LargeGradientsTakeTheStreamingCopy) {
+  const int world = 3;
+  const int64_t hidden = 1100;
+  auto x = ddp_test::randn({2, world * kPerRank, 8}, 61);
+  auto y = ddp_test::randn({2, world * kPerRank, 4}, 62);
+  for (const bool as_view : {false, true}) {
+    SCOPED_TRACE(as_view ? "gradient_as_bucket_view" : "copied back");
+    std::vector<std::vector<at::Tensor>> got(world);
+    run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+      const int r = pg.rank();
+      ddp_test::Mlp model(8, hidden, 4);
+      ddp_test::init_params(*model, 21);
+      auto dmodel =
+          ddp::DistributedDataParallel(model, options_for(pg).gradient_as_bucket_view(as_view));
+      for (int it = 0; it < 2; ++it) {  // the initial bucket, then the rebuilt ones
+        model->zero_grad();
+        ddp_test::mse(dmodel(ddp_test::shard(x[it], r, kPerRank)),
+                      ddp_test::shard(y[it], r, kPerRank))
+            .backward();
+        auto want = ddp_test::full_batch_grads(ddp_test::Mlp(8, hidden, 4), 21, x[it], y[it]);
+        ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
+                                     "rank " + std::to_string(r) + ", iteration " +
+                                         std::to_string(it));
+      }
+      for (const auto& g : ddp_test::current_grads(*model)) got[r].push_back(g.clone());
+    });
+    for (int r = 1; r < world; ++r) {
+      for (size_t i = 0; i < got[0].size(); ++i) {
+        EXPECT_TRUE(at::equal(got[r][i], got[0][i])) << "rank " << r << ", gradient #" << i;
+      }
+    }
+  }
+}

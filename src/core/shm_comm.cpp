@@ -162,9 +162,9 @@ std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const Sto
 }
 
 // The rendezvous of a segment (Note [Shared-memory all-reduce], Note [Zero-copy
-// buffers]): rank 0 creates it and publishes its name under `key`; every other rank maps
-// it and says so under key/mapped/<rank>; once all have, rank 0 unlinks the name, so that
-// nothing is left in /dev/shm whatever happens next. A failure anywhere is published
+// buffers]): rank 0 creates it and publishes where it is under `key`; every other rank
+// maps it and says so under key/mapped/<rank>; once all have, rank 0 closes the way in
+// (Note [Segments without a name]), so that nothing is left whatever happens next. A failure anywhere is published
 // instead, so that every rank learns it. Returns the first failure seen ("" when every
 // rank mapped it); *segment is then set on every rank.
 template <typename Ptr>
@@ -178,7 +178,7 @@ std::string segment_rendezvous(const CommConfig& config, const StoreSet& store_s
   if (config.rank == 0) {
     try {
       *segment = create(shm::Transport::unique_name());
-      store_set(key, (*segment)->name());
+      store_set(key, (*segment)->where());
     } catch (const shm::Error& e) {
       failure = std::string("rank 0: ") + e.what();
       store_set(key, "!" + failure);
@@ -221,10 +221,11 @@ bool zero_copy_enabled() {
 class ShmComm final : public Comm {
  public:
   ShmComm(CommConfig config, std::unique_ptr<shm::Transport> transport,
-          std::unique_ptr<Comm> fallback)
+          std::unique_ptr<Comm> fallback, bool named_segments)
       : Comm(std::move(config)),
         engine_(std::make_shared<Engine>(std::move(transport))),
-        fallback_(std::move(fallback)) {}
+        fallback_(std::move(fallback)),
+        named_segments_(named_segments) {}
 
   ~ShmComm() override { shutdown(); }
 
@@ -322,8 +323,11 @@ class ShmComm final : public Comm {
         *config_, [this](const std::string& k, const std::string& v) { store_set(k, v); },
         [this](const std::string& k) { return store_try_get(k); },
         "ddp/shm/pool/" + std::to_string(id),
-        [&](const std::string& name) { return shm::SharedPool::create(name, n, total, id); },
-        [&](const std::string& name) { return shm::SharedPool::open(name, n, total, id); }, &pool);
+        [&](const std::string& name) {
+          return shm::SharedPool::create(name, n, total, id, named_segments_);
+        },
+        [&](const std::string& where) { return shm::SharedPool::open(where, n, total, id); },
+        &pool);
     if (!failure.empty()) {
       if (!warned_pool_) {
         std::fprintf(stderr,
@@ -426,6 +430,7 @@ class ShmComm final : public Comm {
 
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<Comm> fallback_;
+  bool named_segments_ = false;  // Note [Segments without a name]
   uint32_t pools_made_ = 0;
   bool warned_pool_ = false;
   std::mutex pool_mutex_;
@@ -462,11 +467,17 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   o.timeout = config.timeout;
   o.slice_bytes = shm_slice_bytes();
 
+  // Note [Segments without a name]: a rank in another pid namespace than rank 0 cannot
+  // open rank 0's descriptors through /proc; there, segments have a name in /dev/shm.
+  bool named = false;
+  for (const HostIdentity& peer : setup.identities) {
+    named = named || !same_pid_namespace(peer, setup.identities[0]);
+  }
   std::unique_ptr<shm::Transport> transport;
   const std::string failure = segment_rendezvous<std::unique_ptr<shm::Transport>>(
       config, setup.store_set, setup.store_try_get, "ddp/shm/segment",
-      [&](const std::string& name) { return shm::Transport::create(name, o); },
-      [&](const std::string& name) { return shm::Transport::open(name, o); }, &transport);
+      [&](const std::string& name) { return shm::Transport::create(name, o, named); },
+      [&](const std::string& where) { return shm::Transport::open(where, o); }, &transport);
   if (!failure.empty()) {
     *why_not = failure;
     return nullptr;
@@ -480,7 +491,8 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   }
   CommConfig c = config;
   c.backend = "shm";
-  auto comm = std::make_unique<ShmComm>(std::move(c), std::move(transport), setup.make_fallback());
+  auto comm =
+      std::make_unique<ShmComm>(std::move(c), std::move(transport), setup.make_fallback(), named);
   // No rank returns before every rank has its Gloo group too: one that released its
   // group at once would otherwise break a peer still connecting to it.
   comm->barrier();

@@ -5,7 +5,8 @@
 // Comm interface (tensors, works, futures) on top.
 //
 // Note [Shared-memory all-reduce]
-// One segment per group, made by rank 0 and mapped by every rank:
+// One segment per group, made by rank 0 and mapped by every rank (an anonymous memfd:
+// Note [Segments without a name] in shm_transport.cpp):
 //
 //   header | control block per rank | 2 slots x (one input area per rank + one result area)
 //
@@ -75,16 +76,19 @@ class SharedPool {
  public:
   /// Rank 0: a new segment of world_size * bytes_per_rank bytes, all pages reserved
   /// (zero-filled). Throws Error(kSetup) saying why.
+  /// `named`: as Transport::create.
   static std::shared_ptr<SharedPool> create(const std::string& name, int world_size,
-                                            size_t bytes_per_rank, uint32_t id);
-  /// The other ranks: maps the pool rank 0 created. Throws Error(kSetup).
-  static std::shared_ptr<SharedPool> open(const std::string& name, int world_size,
+                                            size_t bytes_per_rank, uint32_t id, bool named = false);
+  /// The other ranks: maps the pool rank 0 created, reached through its where(). Throws
+  /// Error(kSetup).
+  static std::shared_ptr<SharedPool> open(const std::string& where, int world_size,
                                           size_t bytes_per_rank, uint32_t id);
   ~SharedPool();
   SharedPool(const SharedPool&) = delete;
   SharedPool& operator=(const SharedPool&) = delete;
 
-  /// Removes the name from /dev/shm (rank 0, once every rank mapped it). Idempotent.
+  /// Rank 0, once every rank mapped it: closes the descriptor that the others opened it
+  /// through, or removes the name from /dev/shm. Idempotent.
   void unlink();
   unsigned char* part(int rank) const {
     return static_cast<unsigned char*>(base_) + static_cast<size_t>(rank) * bytes_per_rank_;
@@ -94,6 +98,8 @@ class SharedPool {
   /// all-reduce different pools are a mismatch.
   uint32_t id() const { return id_; }
   const std::string& name() const { return name_; }
+  /// What the other ranks pass to open().
+  const std::string& where() const { return where_; }
 
  private:
   SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank, uint32_t id,
@@ -104,6 +110,8 @@ class SharedPool {
   size_t bytes_per_rank_ = 0;
   uint32_t id_ = 0;
   bool linked_ = false;
+  int fd_ = -1;
+  std::string where_;
 };
 
 struct Options {
@@ -121,12 +129,16 @@ size_t segment_bytes(const Options& options);
 
 class Transport {
  public:
-  /// Rank 0: creates a segment named `name` ("/ddp-..."), private to this user (0600),
-  /// with all its pages reserved, so that a full /dev/shm is an error here and not a
-  /// SIGBUS later. Throws Error(kSetup) saying why.
-  static std::unique_ptr<Transport> create(const std::string& name, const Options& options);
-  /// The other ranks: maps the segment rank 0 created. Throws Error(kSetup).
-  static std::unique_ptr<Transport> open(const std::string& name, const Options& options);
+  /// Rank 0: creates a segment, private to this user (0600), with all its pages
+  /// reserved, so that a lack of memory is an error here and not a SIGBUS later. It is an
+  /// anonymous memfd that the other ranks open through /proc (Note [Segments without a
+  /// name]), or, with `named` (ranks in other pid namespaces), `name` ("/ddp-...") in
+  /// /dev/shm. Throws Error(kSetup) saying why.
+  static std::unique_ptr<Transport> create(const std::string& name, const Options& options,
+                                           bool named = false);
+  /// The other ranks: maps the segment rank 0 created, reached through its where().
+  /// Throws Error(kSetup).
+  static std::unique_ptr<Transport> open(const std::string& where, const Options& options);
   /// A fresh run-unique name: "/ddp-<uid>-<pid>-<16 random hex digits>".
   static std::string unique_name();
 
@@ -134,8 +146,9 @@ class Transport {
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
 
-  /// Removes the name from /dev/shm (rank 0, once every rank has mapped the segment); the
-  /// memory lives on until the last rank unmaps it. Idempotent.
+  /// Rank 0, once every rank has mapped the segment: closes the descriptor that the others
+  /// opened it through, or removes the name from /dev/shm; the memory lives on until the
+  /// last rank unmaps it. Idempotent.
   void unlink();
   /// Records `pid` as rank `peer`'s process, checked while waiting for it; 0 or a pid of
   /// another pid namespace: not checked (the timeout still holds).
@@ -160,6 +173,8 @@ class Transport {
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
   const std::string& name() const { return name_; }
+  /// What the other ranks pass to open().
+  const std::string& where() const { return where_; }
 
  private:
   struct Layout;
@@ -185,6 +200,8 @@ class Transport {
   size_t bytes_ = 0;
   bool owner_ = false;
   bool linked_ = false;
+  int fd_ = -1;  // rank 0's memfd, until unlink()
+  std::string where_;
   uint32_t step_ = 0;    // phases published by this rank so far
   uint64_t slices_ = 0;  // slices run so far (selects the slot)
   std::vector<int64_t> peer_pids_;

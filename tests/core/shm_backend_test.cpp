@@ -489,6 +489,55 @@ DDP_SCENARIO(shm_dead_peer) {
   return 0;
 }
 
+// Whether this process holds a descriptor of one of ddp-cpp's memfd segments.
+bool holds_memfd_segment() {
+  bool found = false;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      char target[256] = {};
+      const std::string link = std::string("/proc/self/fd/") + e->d_name;
+      if (::readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+          std::strstr(target, "/memfd:ddp-") != nullptr) {
+        found = true;
+      }
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+constexpr int kRank0Died = 23;
+
+// Rank 0 is killed while it waits for rank 1 to map the pool it just made, the window
+// in which a named segment would exist in /dev/shm (Note [Segments without a name]).
+// Rank 1 learns of the death in its next collective.
+DDP_SCENARIO(shm_killed_during_setup) {
+  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(20)));
+  std::printf("pid=%ld\n", static_cast<long>(::getpid()));
+  std::fflush(stdout);
+  if (ddp::get_rank() == 0) {
+    std::thread killer([] {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+      while (!holds_memfd_segment() && shm_entries(own_prefix(::getpid())).empty() &&
+             std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ::raise(SIGKILL);
+    });
+    ddp::detail::comm_of(*ddp::default_group())
+        .allocate_buffers({1 << 20}, {at::TensorOptions(at::kFloat)});
+    killer.join();
+    return 1;
+  }
+  try {
+    ddp::barrier();
+  } catch (const ddp::ProcessGroupError& e) {
+    std::printf("ProcessGroupError: %s\n", e.what());
+    return kRank0Died;
+  }
+  return 1;
+}
+
 // Rank 1 is alive but never calls: rank 0 gets TimeoutError after its 2 s timeout.
 DDP_SCENARIO(shm_stuck_peer) {
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(2)));
@@ -540,6 +589,16 @@ TEST(ShmBackendMultiProcTest, ADeadPeerIsAnErrorNotAHangAndLeavesNothingInDevShm
   }
   const auto pids = printed_pids(results);
   EXPECT_EQ(pids.size(), 3u);
+  for (long pid : pids) EXPECT_TRUE(shm_entries(own_prefix(pid)).empty()) << "pid " << pid;
+}
+
+TEST(ShmBackendMultiProcTest, AKillDuringSetupLeavesNothingInDevShm) {
+  const auto results = run_processes(2, "shm_killed_during_setup");
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].exit_code, 128 + SIGKILL) << results[0].output;
+  EXPECT_EQ(results[1].exit_code, kRank0Died) << results[1].output;
+  const auto pids = printed_pids(results);
+  ASSERT_EQ(pids.size(), 2u);
   for (long pid : pids) EXPECT_TRUE(shm_entries(own_prefix(pid)).empty()) << "pid " << pid;
 }
 

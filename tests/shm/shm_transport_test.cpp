@@ -14,6 +14,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <sys/stat.h>
 #include <vector>
 
 using namespace ddp::detail::shm;
@@ -30,6 +32,10 @@ void check(bool ok, const std::string& what) {
   ++failures;
 }
 
+// Whether segments are made with a name in /dev/shm (ranks in another pid namespace)
+// instead of as a memfd (Note [Segments without a name]).
+bool g_named = false;
+
 // Runs body(transport) on `world` threads, each with its own mapping of one segment.
 void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
                const std::function<void(Transport&)>& body) {
@@ -39,12 +45,12 @@ void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
   o.timeout = timeout;
   o.rank = 0;
   const std::string name = Transport::unique_name();
-  std::unique_ptr<Transport> root = Transport::create(name, o);
+  std::unique_ptr<Transport> root = Transport::create(name, o, g_named);
   std::vector<std::unique_ptr<Transport>> ranks(static_cast<size_t>(world));
   for (int r = 1; r < world; ++r) {
     Options ro = o;
     ro.rank = r;
-    ranks[static_cast<size_t>(r)] = Transport::open(name, ro);
+    ranks[static_cast<size_t>(r)] = Transport::open(root->where(), ro);
   }
   ranks[0] = std::move(root);
   ranks[0]->unlink();
@@ -129,9 +135,9 @@ void pool_all_reduce_matches_the_fold(int world, size_t count, size_t slice) {
   const size_t part = offset + count * sizeof(double) + 64;
   const std::string name = Transport::unique_name();
   std::vector<std::shared_ptr<SharedPool>> pools(static_cast<size_t>(world));
-  pools[0] = SharedPool::create(name, world, part, 7);
+  pools[0] = SharedPool::create(name, world, part, 7, g_named);
   for (int r = 1; r < world; ++r)
-    pools[static_cast<size_t>(r)] = SharedPool::open(name, world, part, 7);
+    pools[static_cast<size_t>(r)] = SharedPool::open(pools[0]->where(), world, part, 7);
   pools[0]->unlink();
   std::atomic<int> bad{0};
   run_world(world, slice, std::chrono::seconds(30), [&](Transport& t) {
@@ -168,7 +174,7 @@ void pool_and_plain_calls_are_a_mismatch() {
   const std::string name = Transport::unique_name();
   std::vector<std::shared_ptr<SharedPool>> pools(2);
   pools[0] = SharedPool::create(name, 2, 4096, 1);
-  pools[1] = SharedPool::open(name, 2, 4096, 1);
+  pools[1] = SharedPool::open(pools[0]->where(), 2, 4096, 1);
   pools[0]->unlink();
   std::atomic<int> mismatches{0}, others{0};
   run_world(2, 4096, std::chrono::seconds(10), [&](Transport& t) {
@@ -190,6 +196,44 @@ void pool_and_plain_calls_are_a_mismatch() {
 
 }  // namespace
 
+bool in_dev_shm(const std::string& name) {
+  struct stat st {};
+  return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+// Note [Segments without a name]: a memfd segment never appears in /dev/shm, and once
+// rank 0 has closed its descriptor (unlink), nobody can open it any more, with a message
+// that says why. A named one is in /dev/shm until unlink.
+void segments_leave_nothing_behind() {
+  Options o;
+  o.world_size = 2;
+  o.slice_bytes = 4096;
+  const std::string name = Transport::unique_name();
+  auto root = Transport::create(name, o);
+  check(!in_dev_shm(name), "a memfd segment is not in /dev/shm");
+  check(root->where().rfind("fd:", 0) == 0, "a memfd segment is reached through a descriptor");
+  o.rank = 1;
+  auto peer = Transport::open(root->where(), o);
+  root->unlink();
+  try {
+    Transport::open(root->where(), o);
+    check(false, "a memfd segment cannot be opened after rank 0 closed it");
+  } catch (const Error& e) {
+    check(e.kind() == Error::Kind::kSetup &&
+              std::string(e.what()).find("rank 0") != std::string::npos,
+          std::string("the message of a late open names rank 0: ") + e.what());
+  }
+  const std::string pool_name = Transport::unique_name();
+  auto pool = SharedPool::create(pool_name, 2, 4096, 3);
+  check(!in_dev_shm(pool_name), "a memfd pool is not in /dev/shm");
+  pool->unlink();
+  auto named = SharedPool::create(pool_name, 2, 4096, 4, /*named=*/true);
+  check(in_dev_shm(pool_name), "a named pool is in /dev/shm until unlink");
+  check(named->where() == pool_name, "a named pool is reached through its name");
+  named->unlink();
+  check(!in_dev_shm(pool_name), "unlink removes a named pool from /dev/shm");
+}
+
 int main() {
   for (int world : {1, 2, 3, 5, 8}) {
     all_reduce_matches_the_fold(world, 1, 4096);
@@ -203,6 +247,10 @@ int main() {
   }
   pool_and_plain_calls_are_a_mismatch();
   a_missing_rank_times_out_and_stops_the_others();
+  segments_leave_nothing_behind();
+  g_named = true;  // the same protocol over segments with a name
+  all_reduce_matches_the_fold(3, 30001, 4096);
+  pool_all_reduce_matches_the_fold(3, 30001, 4096);
   if (failures == 0) std::printf("shm transport: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -121,7 +121,10 @@ bool in_shared_segment(const void* p) {
   while (std::getline(maps, line)) {
     unsigned long long lo = 0, hi = 0;
     if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) != 2) continue;
-    if (addr >= lo && addr < hi) return line.find("/dev/shm/ddp-") != std::string::npos;
+    if (addr >= lo && addr < hi) {
+      return line.find("/dev/shm/ddp-") != std::string::npos ||
+             line.find("/memfd:ddp-") != std::string::npos;
+    }
   }
   return false;
 }

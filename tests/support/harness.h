@@ -75,8 +75,9 @@ inline std::shared_ptr<ddp::ProcessGroup> borrow(ddp::ProcessGroup& pg) {
   return std::shared_ptr<ddp::ProcessGroup>(&pg, [](ddp::ProcessGroup*) {});
 }
 
-/// Whether `p` lies in a mapping of one of ddp-cpp's shared memory segments (unlinked,
-/// so /proc/self/maps shows "/dev/shm/ddp-... (deleted)").
+/// Whether `p` lies in a mapping of one of ddp-cpp's shared memory segments:
+/// /proc/self/maps shows "/memfd:ddp-... (deleted)", or "/dev/shm/ddp-... (deleted)" for
+/// a named one.
 bool in_shared_segment(const void* p);
 
 /// Runs fn(rank) on `world` threads; rethrows the first failure, prefixed by its rank.

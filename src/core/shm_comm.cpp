@@ -11,6 +11,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -469,10 +470,10 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
 
   // Note [Segments without a name]: a rank in another pid namespace than rank 0 cannot
   // open rank 0's descriptors through /proc; there, segments have a name in /dev/shm.
-  bool named = false;
-  for (const HostIdentity& peer : setup.identities) {
-    named = named || !same_pid_namespace(peer, setup.identities[0]);
-  }
+  const bool named =
+      std::any_of(setup.identities.begin(), setup.identities.end(), [&](const HostIdentity& peer) {
+        return !same_pid_namespace(peer, setup.identities[0]);
+      });
   std::unique_ptr<shm::Transport> transport;
   const std::string failure = segment_rendezvous<std::unique_ptr<shm::Transport>>(
       config, setup.store_set, setup.store_try_get, "ddp/shm/segment",

@@ -391,13 +391,11 @@ std::string Transport::unique_name() {
   return buf;
 }
 
-Transport::Transport(std::string name, const Options& options, void* base, size_t bytes, bool owner)
+Transport::Transport(std::string name, const Options& options, void* base, size_t bytes)
     : name_(std::move(name)),
       options_(options),
       base_(base),
       bytes_(bytes),
-      owner_(owner),
-      linked_(owner),
       peer_pids_(static_cast<size_t>(options.world_size), 0),
       local_abort_(std::make_unique<std::atomic<bool>>(false)) {
   options_.slice_bytes = rounded_slice(options.slice_bytes);
@@ -542,13 +540,26 @@ void* map_segment(const std::string& where, size_t bytes, const std::string& why
   return base;
 }
 
+// Rank 0, once every rank has mapped a segment: closes the memfd they opened it through,
+// or removes its name from /dev/shm. Idempotent.
+void close_way_in(int* fd, bool* linked, const std::string& name) {
+  if (*fd >= 0) {
+    ::close(*fd);
+    *fd = -1;
+  }
+  if (*linked) {
+    ::shm_unlink(name.c_str());
+    *linked = false;
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Transport> Transport::create(const std::string& name, const Options& options,
                                              bool named) {
   const size_t bytes = segment_bytes(options);
   NewSegment made = map_new_segment(name, bytes, named);
-  std::unique_ptr<Transport> t(new Transport(name, options, made.base, bytes, /*owner=*/true));
+  std::unique_ptr<Transport> t(new Transport(name, options, made.base, bytes));
   t->fd_ = made.fd;
   t->where_ = made.where;
   t->linked_ = made.fd < 0;
@@ -561,7 +572,7 @@ std::unique_ptr<Transport> Transport::open(const std::string& where, const Optio
   void* base =
       map_segment(where, bytes,
                   "the ranks disagree on the world size or the slice size (DDP_SHM_SLICE_BYTES).");
-  std::unique_ptr<Transport> t(new Transport(where, options, base, bytes, /*owner=*/false));
+  std::unique_ptr<Transport> t(new Transport(where, options, base, bytes));
   t->where_ = where;
   const auto* h = static_cast<const Header*>(base);
   if (h->magic != kMagic || h->world_size != static_cast<uint32_t>(options.world_size)) {
@@ -573,38 +584,28 @@ std::unique_ptr<Transport> Transport::open(const std::string& where, const Optio
 }
 
 SharedPool::SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank,
-                       uint32_t id, bool owner)
+                       uint32_t id)
     : name_(std::move(name)),
       base_(base),
       bytes_(bytes),
       bytes_per_rank_(bytes_per_rank),
-      id_(id),
-      linked_(owner) {}
+      id_(id) {}
 
 SharedPool::~SharedPool() {
   unlink();
   if (base_ != nullptr) ::munmap(base_, bytes_);
 }
 
-void SharedPool::unlink() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-  if (linked_) {
-    ::shm_unlink(name_.c_str());
-    linked_ = false;
-  }
-}
+void SharedPool::unlink() { close_way_in(&fd_, &linked_, name_); }
 
 std::shared_ptr<SharedPool> SharedPool::create(const std::string& name, int world_size,
                                                size_t bytes_per_rank, uint32_t id, bool named) {
   const size_t bytes = static_cast<size_t>(world_size) * bytes_per_rank;
   NewSegment made = map_new_segment(name, bytes, named);
-  std::shared_ptr<SharedPool> pool(
-      new SharedPool(name, made.base, bytes, bytes_per_rank, id, /*owner=*/made.fd < 0));
+  std::shared_ptr<SharedPool> pool(new SharedPool(name, made.base, bytes, bytes_per_rank, id));
   pool->fd_ = made.fd;
   pool->where_ = made.where;
+  pool->linked_ = made.fd < 0;
   return pool;
 }
 
@@ -614,8 +615,7 @@ std::shared_ptr<SharedPool> SharedPool::open(const std::string& where, int world
   void* base = map_segment(where, bytes,
                            "the ranks asked for buffers of different sizes (DDP must be "
                            "constructed with the same model on every rank).");
-  std::shared_ptr<SharedPool> pool(
-      new SharedPool(where, base, bytes, bytes_per_rank, id, /*owner=*/false));
+  std::shared_ptr<SharedPool> pool(new SharedPool(where, base, bytes, bytes_per_rank, id));
   pool->where_ = where;
   return pool;
 }
@@ -643,16 +643,7 @@ void Transport::init_header() {
   // reading its name, which rank 0 writes after this (a system call on both sides).
 }
 
-void Transport::unlink() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-  if (owner_ && linked_) {
-    ::shm_unlink(name_.c_str());
-    linked_ = false;
-  }
-}
+void Transport::unlink() { close_way_in(&fd_, &linked_, name_); }
 
 void Transport::set_peer_pid(int peer, int64_t pid) {
   peer_pids_.at(static_cast<size_t>(peer)) = pid;

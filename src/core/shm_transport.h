@@ -102,14 +102,13 @@ class SharedPool {
   const std::string& where() const { return where_; }
 
  private:
-  SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank, uint32_t id,
-             bool owner);
+  SharedPool(std::string name, void* base, size_t bytes, size_t bytes_per_rank, uint32_t id);
   std::string name_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
   size_t bytes_per_rank_ = 0;
   uint32_t id_ = 0;
-  bool linked_ = false;
+  bool linked_ = false;  // as Transport's
   int fd_ = -1;
   std::string where_;
 };
@@ -178,7 +177,7 @@ class Transport {
 
  private:
   struct Layout;
-  Transport(std::string name, const Options& options, void* base, size_t bytes, bool owner);
+  Transport(std::string name, const Options& options, void* base, size_t bytes);
   void init_header();
   struct Call;
   void run(const Call& call);
@@ -198,9 +197,8 @@ class Transport {
   Options options_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
-  bool owner_ = false;
-  bool linked_ = false;
-  int fd_ = -1;  // rank 0's memfd, until unlink()
+  bool linked_ = false;  // rank 0's named segment, until unlink()
+  int fd_ = -1;          // rank 0's memfd, until unlink()
   std::string where_;
   uint32_t step_ = 0;    // phases published by this rank so far
   uint64_t slices_ = 0;  // slices run so far (selects the slot)

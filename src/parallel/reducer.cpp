@@ -263,19 +263,6 @@ void Reducer::begin_backward() {
   }
 }
 
-namespace {
-
-// A large float32 gradient goes through scaled_copy (Note [Streaming bucket copies]);
-// the rest through ATen's mul_out, with the same bits.
-bool use_scaled_copy(const at::Tensor& view, const at::Tensor& grad) {
-  return streaming_copy_pays(static_cast<size_t>(grad.nbytes())) && view.device().is_cpu() &&
-         grad.device().is_cpu() && view.scalar_type() == at::kFloat &&
-         grad.scalar_type() == at::kFloat && view.is_contiguous() && grad.is_contiguous() &&
-         view.numel() == grad.numel();
-}
-
-}  // namespace
-
 // Note [Pre-scaled buckets]
 // With the default hook, each gradient is multiplied by 1/world_size while it is copied
 // into its bucket (one pass instead of a copy and a division), and the bucket is then
@@ -301,11 +288,8 @@ void Reducer::mark_ready(size_t index) {
         // Accumulated straight into the bucket by the engine.
         if (prescaled()) view.div_(divisor_);
       } else {
-        if (prescaled() && use_scaled_copy(view, grad)) {
-          scaled_copy(view.data_ptr<float>(), grad.data_ptr<float>(),
-                      static_cast<size_t>(grad.numel()), static_cast<float>(1.0 / divisor_));
-        } else if (prescaled()) {
-          at::mul_out(view, grad, inverse_divisor_);
+        if (prescaled()) {
+          copy_scaled(view, grad, inverse_divisor_);
         } else {
           view.copy_(grad);
         }

@@ -171,15 +171,6 @@ at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
   return result;
 }
 
-namespace {
-// Note [Streaming bucket copies] in scaled_copy.cpp: the write-back of a large bucket.
-bool stream_ok(const at::Tensor& dst, const at::Tensor& src) {
-  return streaming_copy_pays(static_cast<size_t>(src.nbytes())) && dst.device().is_cpu() &&
-         src.device().is_cpu() && dst.scalar_type() == src.scalar_type() && dst.is_contiguous() &&
-         src.is_contiguous() && dst.numel() == src.numel();
-}
-}  // namespace
-
 void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_use) {
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -191,10 +182,8 @@ void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_us
       if (!grad.defined() || !grad.is_alias_of(view)) grad = view;
     } else if (!grad.defined()) {
       grad = view.clone();  // used on another rank only
-    } else if (stream_ok(grad, view)) {
-      streaming_copy(grad.data_ptr(), view.data_ptr(), static_cast<size_t>(view.nbytes()));
     } else {
-      grad.copy_(view);
+      copy_plain(grad, view);  // Note [Streaming bucket copies]
     }
   }
 }

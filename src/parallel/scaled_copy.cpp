@@ -1,5 +1,7 @@
 #include "parallel/scaled_copy.h"
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -75,6 +77,33 @@ void streaming_copy(void* dst, const void* src, size_t bytes) {
   }
 #endif
   std::memcpy(d + i, s + i, bytes - i);
+}
+
+namespace {
+
+bool streams(const at::Tensor& dst, const at::Tensor& src) {
+  return streaming_copy_pays(static_cast<size_t>(src.nbytes())) && dst.device().is_cpu() &&
+         src.device().is_cpu() && dst.scalar_type() == src.scalar_type() && dst.is_contiguous() &&
+         src.is_contiguous() && dst.numel() == src.numel();
+}
+
+}  // namespace
+
+void copy_scaled(at::Tensor& dst, const at::Tensor& src, const at::Tensor& inverse) {
+  if (src.scalar_type() == at::kFloat && streams(dst, src)) {
+    scaled_copy(dst.data_ptr<float>(), src.data_ptr<float>(), static_cast<size_t>(src.numel()),
+                static_cast<float>(inverse.item<double>()));
+  } else {
+    at::mul_out(dst, src, inverse);
+  }
+}
+
+void copy_plain(at::Tensor& dst, const at::Tensor& src) {
+  if (streams(dst, src)) {
+    streaming_copy(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(src.nbytes()));
+  } else {
+    dst.copy_(src);
+  }
 }
 
 }  // namespace detail

@@ -2,6 +2,10 @@
 
 #include <cstddef>
 
+namespace at {
+class Tensor;
+}
+
 namespace ddp {
 namespace detail {
 
@@ -22,6 +26,14 @@ constexpr size_t kStreamingCopyBytes = size_t{4} << 20;
 // Whether a copy of `bytes` takes the non-temporal path: where the CPU has such stores
 // (x86-64), from kStreamingCopyBytes on. Elsewhere the callers keep ATen's own kernels.
 bool streaming_copy_pays(size_t bytes);
+
+// The reducer's two copies (Note [Streaming bucket copies]): a gradient into its bucket,
+// multiplied by `inverse` (a 0-dim tensor, 1/world_size), as at::mul_out(dst, src,
+// inverse); and a reduced bucket view back into a gradient, as dst.copy_(src). Large
+// contiguous CPU copies (float32 for the first) take the non-temporal path above, the
+// rest ATen's kernels; the bits are the same either way.
+void copy_scaled(at::Tensor& dst, const at::Tensor& src, const at::Tensor& inverse);
+void copy_plain(at::Tensor& dst, const at::Tensor& src);
 
 }  // namespace detail
 }  // namespace ddp

@@ -2,9 +2,12 @@
 // a float32 SUM all-reduce on Gloo and on the shared-memory backend, side by side, their
 // bus bandwidth (bytes / time * 2(n-1)/n, the bytes each rank's link carries in a ring),
 // and how the shared-memory one compares with a plain memcpy of the same bytes. The
-// shared-memory backend is measured twice: on an ordinary tensor (copied through the
-// segment in slices) and on a buffer the group made, as DDP's buckets are (reduced in
-// place in shared memory, Note [Zero-copy buffers]).
+// shared-memory backend is measured three times: on an ordinary tensor (copied through
+// the segment in slices), on a buffer the group made, as DDP's buckets with a comm hook
+// or gradient_as_bucket_view are (reduced in place in shared memory, Note [Zero-copy
+// buffers]), and on an ordinary tensor reduced where it is, straight between the ranks'
+// memory, as DDP's gradients are by default (Note [Direct all-reduce]; scaled by 1/n, as
+// DDP scales them).
 //
 // Run under a launcher:  ddprun --nproc-per-node 2 --no-prefix -- bench_allreduce [MIN [MAX [busy]]]
 //
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +62,30 @@ double time_all_reduce(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
     pg.barrier();
     const auto start = std::chrono::steady_clock::now();
     pg.all_reduce(t);
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  auto m = at::full({1}, median(times), at::kDouble);
+  pg.all_reduce(m, ddp::ReduceOp::MAX);
+  return m.item<double>();
+}
+
+// The same for the direct all-reduce of `t` where it lies (Note [Direct all-reduce]),
+// scaled by 1/n as DDP's gradients are; NaN where the group cannot.
+double time_in_place(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
+  ddp::detail::Comm& comm = ddp::detail::comm_of(pg);
+  bool can = comm.reduces_in_place(t.scalar_type(), 1);
+  auto agree = at::full({1}, can ? 1.0 : 0.0, at::kDouble);
+  pg.all_reduce(agree, ddp::ReduceOp::MIN);
+  if (agree.item<double>() == 0) return std::numeric_limits<double>::quiet_NaN();
+  std::vector<at::Tensor> tensors{t};
+  const double scale = 1.0 / pg.size();
+  for (int i = 0; i < 3; ++i) comm.all_reduce_in_place(tensors, scale)->wait();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    pg.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    comm.all_reduce_in_place(tensors, scale)->wait();
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -115,8 +143,8 @@ int main(int argc, char** argv) {
     std::printf(
         "| size | gloo (us) | shm (us) | gloo busbw (GB/s) | shm busbw (GB/s) | shm / gloo | "
         "memcpy (GB/s) | shm busbw / memcpy | shm, bucket buffer (us) | bucket busbw (GB/s) | "
-        "bucket / gloo |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "bucket / gloo | shm, in place (us) | in place busbw (GB/s) | in place / gloo |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   std::atomic<bool> stop{false};
   std::thread compute;
@@ -137,22 +165,27 @@ int main(int argc, char** argv) {
     // Enough repeats for ~0.5 s per size, at least 5; the two transports alternate in
     // rounds, so that a slow moment of the machine falls on both.
     const int iters = static_cast<int>(std::clamp<int64_t>((64 << 20) / bytes, 5, 200));
-    std::vector<double> g, s, z;
+    auto direct = at::ones({bytes / 4}, at::kFloat);
+    std::vector<double> g, s, z, d;
     for (int round = 0; round < 3; ++round) {
       g.push_back(time_all_reduce(*gloo, t, iters));
       s.push_back(time_all_reduce(*shm, t, iters));
       z.push_back(time_all_reduce(*shm, bucket, iters));
+      d.push_back(time_in_place(*shm, direct, iters));
     }
-    const double tg = median(g), ts = median(s), tz = median(z);
+    const double tg = median(g), ts = median(s), tz = median(z), td = median(d);
     const double bus = 2.0 * (n - 1) / n;
     const double gbus = static_cast<double>(bytes) / tg / 1e9 * bus;
     const double sbus = static_cast<double>(bytes) / ts / 1e9 * bus;
     const double zbus = static_cast<double>(bytes) / tz / 1e9 * bus;
+    const double dbus = static_cast<double>(bytes) / td / 1e9 * bus;
     const double copy = static_cast<double>(bytes) / time_memcpy(bytes) / 1e9;
     if (leader) {
-      std::printf("| %s | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f | %.2f | %.1f | %.3f | %.2f |\n",
+      std::printf("| %s | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f | %.2f | %.1f | %.3f | %.2f | "
+                  "%.1f | %.3f "
+                  "| %.2f |\n",
                   human(bytes).c_str(), tg * 1e6, ts * 1e6, gbus, sbus, tg / ts, copy, sbus / copy,
-                  tz * 1e6, zbus, tg / tz);
+                  tz * 1e6, zbus, tg / tz, td * 1e6, dbus, tg / td);
       std::fflush(stdout);
     }
   }

@@ -415,25 +415,33 @@ def markdown(data, summary=None):
     add("")
     sweep = data.get("allreduce_sweep")
     if sweep:
-        add("Raw all-reduce at 2 ranks (`bench_allreduce`), both transports side by side, "
+        add("Raw all-reduce at 2 ranks (`bench_allreduce`), the transports side by side, "
             "for reference. shm: an ordinary tensor, copied through the segment in slices; "
-            "shm, bucket: a buffer the group made, as DDP's buckets are, reduced in place in "
-            "shared memory (docs/shm.md). The 'raw all-reduce' figures above are the latter "
-            "when ddp-cpp runs on shm.")
+            "shm, bucket: a buffer the group made, reduced in shared memory, as DDP's "
+            "buckets are with a comm hook or gradient_as_bucket_view; shm, in place: an "
+            "ordinary tensor reduced where it is, straight between the ranks' memory, as "
+            "DDP's gradients are by default (docs/shm.md). The 'raw all-reduce' figures "
+            "above are the last when ddp-cpp runs on shm.")
         add("")
-        add("| size | gloo (us) | shm (us) | shm, bucket (us) | gloo busbw (GB/s) | shm busbw "
-            "(GB/s) | shm, bucket busbw (GB/s) | shm / gloo | shm, bucket / gloo "
-            "| memcpy (GB/s) | shm busbw / memcpy |")
-        add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        add("| size | gloo (us) | shm (us) | shm, bucket (us) | shm, in place (us) "
+            "| gloo busbw (GB/s) | shm busbw (GB/s) | shm, bucket busbw (GB/s) "
+            "| shm, in place busbw (GB/s) | shm / gloo | shm, bucket / gloo "
+            "| shm, in place / gloo | memcpy (GB/s) | shm, in place busbw / memcpy |")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        nan = float("nan")
         for row in sweep:
             if "shm_time_s" not in row:  # results of an older run
                 continue
-            bt = row.get("bucket_time_s", float("nan"))
-            add("| %s | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f |"
+            bt = row.get("bucket_time_s", nan)
+            dt = row.get("in_place_time_s", nan)
+            add("| %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.3f | %.2f | %.2f "
+                "| %.2f | %.2f | %.2f |"
                 % (row["size"], row["gloo_time_s"] * 1e6, row["shm_time_s"] * 1e6, bt * 1e6,
-                   row["gloo_busbw"], row["shm_busbw"], row.get("bucket_busbw", float("nan")),
+                   dt * 1e6, row["gloo_busbw"], row["shm_busbw"],
+                   row.get("bucket_busbw", nan), row.get("in_place_busbw", nan),
                    row["gloo_time_s"] / row["shm_time_s"], row["gloo_time_s"] / bt,
-                   row["memcpy_GBps"], row["shm_busbw"] / row["memcpy_GBps"]))
+                   row["gloo_time_s"] / dt, row["memcpy_GBps"],
+                   row.get("in_place_busbw", nan) / row["memcpy_GBps"]))
         add("")
 
     add("## Same work on both sides")

@@ -333,8 +333,9 @@ def summarise(ranks, prefix, cmd):
 def parse_allreduce_table(text, backend="shm"):
     """bench_allreduce's rows: time and busbw of `backend` ("gloo" or "shm"), with both
     transports' figures and the memcpy bandwidth beside them. For "shm" that is the
-    all-reduce of a buffer the group made, as DDP's buckets are (Note [Zero-copy
-    buffers]), when the table has that column."""
+    all-reduce that DDP's default buckets take: of tensors reduced where they are (Note
+    [Direct all-reduce]) when the table has that column and the group could, else of a
+    buffer the group made (Note [Zero-copy buffers])."""
     rows = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -345,9 +346,14 @@ def parse_allreduce_table(text, backend="shm"):
             if len(cells) >= 11:
                 row["bucket_time_s"] = float(cells[8]) / 1e6
                 row["bucket_busbw"] = float(cells[9])
+            if len(cells) >= 14 and cells[11] != "nan":
+                row["in_place_time_s"] = float(cells[11]) / 1e6
+                row["in_place_busbw"] = float(cells[12])
             if backend == "shm":
-                row["time_s"] = row.get("bucket_time_s", row["shm_time_s"])
-                row["busbw"] = row.get("bucket_busbw", row["shm_busbw"])
+                row["time_s"] = row.get("in_place_time_s",
+                                        row.get("bucket_time_s", row["shm_time_s"]))
+                row["busbw"] = row.get("in_place_busbw",
+                                       row.get("bucket_busbw", row["shm_busbw"]))
             else:
                 row["time_s"], row["busbw"] = row["gloo_time_s"], g_bus
             rows.append(row)

@@ -107,6 +107,18 @@ class Comm {
                                                               at::Tensor& input);
   virtual void barrier() = 0;
 
+  /// Note [Direct all-reduce] (shm_transport.h): whether all_reduce_in_place takes
+  /// `num_tensors` CPU tensors of `dtype`, reducing them straight between the ranks'
+  /// memory, with no copy in or out. The same answer on every rank of the group. Only
+  /// the shm backend, where the kernel lets the ranks read each other's memory.
+  virtual bool reduces_in_place(c10::ScalarType dtype, size_t num_tensors) const;
+  /// In place, the SUM over ranks of the concatenation of `tensors` (contiguous, on the
+  /// CPU, of one dtype; every rank the same number of elements in all), each rank's
+  /// values multiplied by `scale` first, with the bits of multiplying them into a
+  /// buffer and all-reducing that (DDP's default hook). Only where reduces_in_place.
+  virtual std::shared_ptr<PendingWork> all_reduce_in_place(std::vector<at::Tensor>& tensors,
+                                                           double scale);
+
   /// Zero-filled 1-D tensors of numels[i] elements with options[i], for buffers that
   /// this group all-reduces again and again (DDP's buckets). Collective: every rank calls
   /// it with the same arguments, in the same order. The shm backend puts them in memory

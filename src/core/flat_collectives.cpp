@@ -118,5 +118,12 @@ std::vector<at::Tensor> Comm::allocate_buffers(const std::vector<int64_t>& numel
   return buffers;
 }
 
+bool Comm::reduces_in_place(c10::ScalarType, size_t) const { return false; }
+
+std::shared_ptr<PendingWork> Comm::all_reduce_in_place(std::vector<at::Tensor>&, double) {
+  TORCH_INTERNAL_ASSERT(false, "all_reduce_in_place on a ", config().backend,
+                        " group, which does not reduce in place (reduces_in_place is false)");
+}
+
 }  // namespace detail
 }  // namespace ddp

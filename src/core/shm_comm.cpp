@@ -219,11 +219,28 @@ bool zero_copy_enabled() {
   return !v || *v != 0;
 }
 
+bool direct_wanted() {
+  const auto v = env_int("DDP_SHM_CMA");
+  return !v || *v != 0;
+}
+
+// Note [Direct all-reduce]: a peer may still be writing into the buffers of a direct
+// all-reduce that failed on this rank (it stops at its next chunk, or never, if it is
+// stuck inside a write). Their memory must never be handed out again, so it is kept for
+// the life of the process; the group is broken by then anyway.
+void keep_for_good(const std::vector<at::Tensor>& tensors) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<at::Tensor>();  // never freed, on purpose
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->insert(kept->end(), tensors.begin(), tensors.end());
+}
+
 class ShmComm final : public Comm {
  public:
   ShmComm(CommConfig config, std::unique_ptr<shm::Transport> transport,
           std::unique_ptr<Comm> fallback, bool named_segments)
       : Comm(std::move(config)),
+        direct_(transport->direct()),
         engine_(std::make_shared<Engine>(std::move(transport))),
         fallback_(std::move(fallback)),
         named_segments_(named_segments) {}
@@ -298,6 +315,38 @@ class ShmComm final : public Comm {
 
   void barrier() override {
     launch("barrier", {}, [](shm::Transport& tr) { tr.barrier(); })->wait();
+  }
+
+  bool reduces_in_place(c10::ScalarType dtype, size_t num_tensors) const override {
+    return direct_ && (dtype == at::kFloat || dtype == at::kDouble) &&
+           num_tensors <= shm::kMaxSpans;
+  }
+
+  std::shared_ptr<PendingWork> all_reduce_in_place(std::vector<at::Tensor>& tensors,
+                                                   double scale) override {
+    check_devices("all_reduce_in_place", tensors);
+    const c10::ScalarType dtype = tensors.empty() ? at::kFloat : tensors[0].scalar_type();
+    TORCH_INTERNAL_ASSERT(reduces_in_place(dtype, tensors.size()), "all_reduce_in_place of ",
+                          tensors.size(), " ", dtype, " tensors on ", where(*config_));
+    for (const at::Tensor& t : tensors) {
+      TORCH_INTERNAL_ASSERT(t.defined() && t.is_cpu() && t.is_contiguous() &&
+                                t.scalar_type() == dtype,
+                            "all_reduce_in_place takes contiguous CPU tensors of one dtype");
+    }
+    std::vector<at::Tensor> held = tensors;
+    return launch("all_reduce", held, [held, dtype, scale](shm::Transport& tr) {
+      std::vector<shm::Span> spans;
+      spans.reserve(held.size());
+      for (const at::Tensor& t : held) {
+        spans.push_back(shm::Span{t.data_ptr(), static_cast<size_t>(t.numel())});
+      }
+      try {
+        tr.all_reduce_direct(spans, *shm_dtype(dtype), shm::Op::kSum, scale);
+      } catch (...) {
+        keep_for_good(held);
+        throw;
+      }
+    });
   }
 
   std::vector<at::Tensor> allocate_buffers(const std::vector<int64_t>& numels,
@@ -429,6 +478,7 @@ class ShmComm final : public Comm {
     size_t bytes = 0;
   };
 
+  bool direct_ = false;  // Note [Direct all-reduce]: every rank may reach every other's memory
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<Comm> fallback_;
   bool named_segments_ = false;  // Note [Segments without a name]
@@ -467,6 +517,9 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   o.world_size = config.world_size;
   o.timeout = config.timeout;
   o.slice_bytes = shm_slice_bytes();
+  if (const auto chunk = env_int("DDP_SHM_CMA_CHUNK_BYTES"); chunk && *chunk > 0) {
+    o.direct_chunk_bytes = static_cast<size_t>(*chunk);
+  }
 
   // Note [Segments without a name]: a rank in another pid namespace than rank 0 cannot
   // open rank 0's descriptors through /proc; there, segments have a name in /dev/shm.
@@ -489,6 +542,20 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
         same_pid_namespace(peer, setup.identities[static_cast<size_t>(config.rank)])) {
       transport->set_peer_pid(r, peer.pid);
     }
+  }
+  // Collective, like the segment's rendezvous: all ranks agree whether DDP's gradients
+  // go straight between their memory (Note [Direct all-reduce]).
+  std::string why_not_direct;
+  try {
+    const bool wanted = direct_wanted();
+    if (!transport->enable_direct(wanted, &why_not_direct) && wanted && config.rank == 0) {
+      std::fprintf(stderr,
+                   "[ddp] shm: DDP's gradients go through shared buffers, not straight between "
+                   "the ranks' memory (%s)\n",
+                   why_not_direct.c_str());
+    }
+  } catch (const shm::Error& e) {
+    std::rethrow_exception(collective_error(e, config, "setting up shared memory"));
   }
   CommConfig c = config;
   c.backend = "shm";

@@ -1,11 +1,15 @@
 #include "core/shm_transport.h"
 
+#include "core/shm_direct.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -33,7 +37,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kMagic = 0x32306d6873706464ull;  // "ddpshm02"
+constexpr uint64_t kMagic = 0x33306d6873706464ull;  // "ddpshm03"
 constexpr size_t kPage = 4096;
 constexpr size_t kLine = 64;
 // How long a wait spins before it sleeps in the kernel: long enough to catch a peer
@@ -73,8 +77,15 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t data_offset(int world_size) {
+// header | control block per rank | direct area per rank | slots
+size_t direct_areas_offset(int world_size) {
   return round_up(kLine + kLine * static_cast<size_t>(world_size), kPage);
+}
+
+size_t direct_area_bytes() { return round_up(kLine + kMaxSpans * sizeof(SpanEntry), kPage); }
+
+size_t data_offset(int world_size) {
+  return direct_areas_offset(world_size) + static_cast<size_t>(world_size) * direct_area_bytes();
 }
 
 size_t rounded_slice(size_t slice_bytes) {
@@ -265,7 +276,14 @@ void reduce(DType dtype, Op op, void* out, void* const* copies, int num_copies,
   }
 }
 
-enum class Kind : uint8_t { kAllReduce = 1, kBroadcast, kAllGather, kBarrier, kAllReduceInPool };
+enum class Kind : uint8_t {
+  kAllReduce = 1,
+  kBroadcast,
+  kAllGather,
+  kBarrier,
+  kAllReduceInPool,
+  kAllReduceDirect
+};
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -279,6 +297,8 @@ const char* kind_name(Kind k) {
       return "barrier";
     case Kind::kAllReduceInPool:
       return "all_reduce of a shared buffer";
+    case Kind::kAllReduceDirect:
+      return "all_reduce of private buffers";
   }
   return "?";
 }
@@ -361,7 +381,7 @@ struct Transport::Call {
     const auto kind = static_cast<Kind>(code & 0xFF);
     std::ostringstream os;
     os << kind_name(kind);
-    if (kind == Kind::kAllReduce) {
+    if (kind == Kind::kAllReduce || kind == Kind::kAllReduceDirect) {
       os << " (" << dtype_name(static_cast<DType>((code >> 8) & 0xFF)) << ", "
          << op_name(static_cast<Op>((code >> 16) & 0xFF)) << ", " << bytes << " bytes)";
     } else if (kind == Kind::kAllReduceInPool) {
@@ -693,6 +713,8 @@ std::string Transport::abort_cause(uint64_t word) const {
       return who + " gave up waiting for " + p + " at its deadline";
     case Error::Kind::kMismatch:
       return who + " found that the ranks called different collectives";
+    case Error::Kind::kSetup:
+      return who + " could not read or write the memory of " + p;
     default:
       return who + " was shut down with a collective in flight";
   }
@@ -968,6 +990,257 @@ void Transport::all_reduce_in_pool(const SharedPool& pool, size_t offset, size_t
                                 std::to_string(pool.bytes_per_rank()) + " bytes");
   }
   run_in_pool(call);
+}
+
+// ---- Note [Direct all-reduce] ---------------------------------------------------------
+
+// A rank's part of the segment for direct all-reduces. Only its owner writes it, except
+// `probe`, which its owner writes through a peer's address space (enable_direct).
+struct Transport::DirectArea {
+  int64_t pid;     // its owner's, as its own pid namespace numbers it
+  uint64_t base;   // where its owner mapped the segment
+  uint64_t nonce;  // random; a peer that reads it through `base` reached the right process
+  std::atomic<uint64_t> probe;
+  uint64_t num_spans;  // of the owner's current direct all-reduce
+  double scale;        // of the owner's values in it
+  uint64_t reserved[2];
+  SpanEntry spans[kMaxSpans];
+};
+Transport::DirectArea& Transport::direct_area(int rank) const {
+  static_assert(sizeof(SpanEntry) == 16 && sizeof(DirectArea) == kLine + kMaxSpans * 16,
+                "a direct area is one line of header and then the spans");
+  return *reinterpret_cast<DirectArea*>(static_cast<unsigned char*>(base_) +
+                                        direct_areas_offset(options_.world_size) +
+                                        static_cast<size_t>(rank) * direct_area_bytes());
+}
+
+bool Transport::enable_direct(bool wanted, std::string* why_not) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  DirectArea& mine = direct_area(me);
+  std::random_device rd;
+  mine.pid = static_cast<int64_t>(::getpid());
+  mine.base = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(base_));
+  mine.nonce = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+  mine.probe.store(0, std::memory_order_relaxed);
+  barrier();  // every area is filled in
+
+  // Read each peer's nonce through its own address space, and only then (it is the right
+  // process) write a token into this rank's area through it and read it back here.
+  std::string reason = wanted ? "" : "turned off (DDP_SHM_CMA=0)";
+  for (int k = 0; k < n && reason.empty(); ++k) {
+    if (k == me) continue;
+    const DirectArea& theirs = direct_area(k);
+    const int64_t pid = peer_pids_[static_cast<size_t>(k)];
+    const std::string who = "rank " + std::to_string(k) + " (pid " + std::to_string(pid) + ")";
+    if (pid <= 0 || pid != theirs.pid) {
+      reason = "rank " + std::to_string(k) + " is in another pid namespace";
+      break;
+    }
+    const uint64_t area_offset =
+        direct_areas_offset(n) + static_cast<size_t>(k) * direct_area_bytes();
+    uint64_t got = 0;
+    iovec local{&got, sizeof(got)};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(theirs.base + area_offset +
+                                                                offsetof(DirectArea, nonce))),
+                 sizeof(got)};
+    if (const int err = read_from(static_cast<pid_t>(pid), &local, 1, &remote, 1, sizeof(got))) {
+      reason = "process_vm_readv of " + who + " failed: " + errno_text(err) +
+               (err == EPERM ? " (the kernel allows it only where ptrace is allowed: Yama's "
+                               "ptrace_scope, a seccomp profile or a missing CAP_SYS_PTRACE "
+                               "forbid it)"
+                             : "");
+      break;
+    }
+    if (got != theirs.nonce) {
+      reason = "process_vm_readv of " + who + " read another process";
+      break;
+    }
+    uint64_t token = mine.nonce ^ (static_cast<uint64_t>(k) << 1);
+    local = iovec{&token, sizeof(token)};
+    remote.iov_base = reinterpret_cast<void*>(static_cast<uintptr_t>(
+        theirs.base + direct_areas_offset(n) + static_cast<size_t>(me) * direct_area_bytes() +
+        offsetof(DirectArea, probe)));
+    if (const int err = write_to(static_cast<pid_t>(pid), &local, 1, &remote, 1, sizeof(token))) {
+      reason = "process_vm_writev of " + who + " failed: " + errno_text(err);
+      break;
+    }
+    // The kernel stored it on this thread's behalf, before the call returned.
+    if (mine.probe.load(std::memory_order_relaxed) != token) {
+      reason = "process_vm_writev of " + who + " did not land";
+      break;
+    }
+  }
+
+  // Everyone learns the lowest rank that could not, and its reason.
+  int32_t first_failed = reason.empty() ? INT32_MAX : me;
+  all_reduce(&first_failed, 1, DType::kInt32, Op::kMin);
+  if (first_failed == INT32_MAX) {
+    direct_ = true;
+    direct_chunk_ = options_.direct_chunk_bytes;
+    if (direct_chunk_ == 0) {
+      // Every peer's part of a chunk stays in cache while it is folded in, and each
+      // system call moves enough to pay for itself (docs/shm.md: 1 MiB beat 256 KiB by
+      // 15-20% at 2 ranks).
+      direct_chunk_ =
+          std::clamp<size_t>((size_t(1) << 20) / static_cast<size_t>(std::max(1, n - 1)),
+                             size_t(64) << 10, size_t(1) << 20);
+    }
+    direct_chunk_ = std::max(kLine, direct_chunk_ / kLine * kLine);
+    scratch_.assign(static_cast<size_t>(n) * direct_chunk_, 0);
+    span_maps_.clear();
+    for (int r = 0; r < n; ++r) span_maps_.push_back(std::make_unique<SpanMap>(kMaxSpans));
+    own_pieces_.resize(kMaxSpans);
+    scales_.assign(static_cast<size_t>(n), 1.0);
+    peer_pieces_.resize(kMaxSpans);
+    return true;
+  }
+  char text[256] = {};
+  if (first_failed == me) std::snprintf(text, sizeof(text), "%s", reason.c_str());
+  broadcast(text, sizeof(text), first_failed);
+  if (why_not != nullptr) *why_not = "rank " + std::to_string(first_failed) + ": " + text;
+  return false;
+}
+
+void Transport::all_reduce_direct(const std::vector<Span>& spans, DType dtype, Op op,
+                                  double scale) {
+  if (!direct_) {
+    throw std::logic_error("all_reduce_direct on a transport whose direct all-reduce is off");
+  }
+  if (spans.size() > kMaxSpans) {
+    throw std::invalid_argument("all_reduce_direct: " + std::to_string(spans.size()) +
+                                " spans, but at most " + std::to_string(kMaxSpans));
+  }
+  if (scale != 1.0 && !(op == Op::kSum && (dtype == DType::kFloat32 || dtype == DType::kFloat64))) {
+    throw std::invalid_argument(std::string("all_reduce_direct: a scale needs a float32 or "
+                                            "float64 SUM, not ") +
+                                dtype_name(dtype) + " " + op_name(op));
+  }
+  size_t count = 0;
+  for (const Span& span : spans) count += span.count;
+  run_direct(Call::reduction(Kind::kAllReduceDirect, count, dtype, op), spans, scale);
+}
+
+void Transport::fail_cross_copy(int err, int peer, const char* what, const Call& call) {
+  const int64_t pid = peer_pids_[static_cast<size_t>(peer)];
+  const std::string who = "rank " + std::to_string(peer) + " (pid " + std::to_string(pid) + ")";
+  if (err == ESRCH) {
+    fail(Error::Kind::kPeerGone,
+         who + " has exited while this rank was in " + Call::describe(call.code(), call.bytes) +
+             "; the group is broken",
+         peer);
+  }
+  fail(Error::Kind::kSetup,
+       std::string("could not ") + what + " the memory of " + who + " in " +
+           Call::describe(call.code(), call.bytes) + ": " + errno_text(err) +
+           "; the group is broken",
+       peer);
+}
+
+void Transport::run_direct(const Call& call, const std::vector<Span>& spans, double scale) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t esize = dtype_size(call.dtype);
+  begin_call();
+  Control& mine = control_of(base_, me);
+  const int slot = static_cast<int>(slices_ & 1);
+  if (slices_ >= 2) wait_all(step_ - 3, call, "slot reuse");
+  // A: this rank's spans. The peers read them during their B, which ends before this
+  // rank's next call begins (it waits for every B below), so one area per rank suffices.
+  DirectArea& area = direct_area(me);
+  area.num_spans = spans.size();
+  area.scale = scale;
+  for (size_t k = 0; k < spans.size(); ++k) {
+    area.spans[k] = SpanEntry{static_cast<uint64_t>(reinterpret_cast<uintptr_t>(spans[k].data)),
+                              static_cast<uint64_t>(spans[k].count)};
+  }
+  mine.call[slot].store(call.code(), std::memory_order_relaxed);
+  mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
+  mine.offset[slot].store(0, std::memory_order_relaxed);
+  publish();
+  wait_all(step_, call, "A");
+  check_same_call(call, slot);
+
+  // B: partition `me`, chunk by chunk, straight between the ranks' buffers.
+  const size_t elems = call.bytes / esize;
+  const size_t line = std::max<size_t>(1, kLine / esize);
+  const size_t part = round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
+  const size_t begin = std::min(elems, part * static_cast<size_t>(me));
+  const size_t end = std::min(elems, begin + part);
+  if (begin < end) {
+    scaled_ = false;
+    for (int r = 0; r < n; ++r) {
+      const DirectArea& a = direct_area(r);
+      span_maps_[static_cast<size_t>(r)]->assign(a.spans, std::min<size_t>(a.num_spans, kMaxSpans),
+                                                 esize);
+      scales_[static_cast<size_t>(r)] = a.scale;
+      scaled_ = scaled_ || a.scale != 1.0;
+    }
+    const size_t step = std::max<size_t>(1, direct_chunk_ / esize);
+    for (size_t a = begin; a < end; a += step) {
+      // A failed peer may already have released its buffers: write no further.
+      if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
+        fail(Error::Kind::kAborted, "the group was stopped while this rank was in " +
+                                        Call::describe(call.code(), call.bytes) + ": " +
+                                        abort_cause(aborted) + "; the group is broken");
+      }
+      if (local_abort_->load(std::memory_order_acquire)) {
+        fail(Error::Kind::kAborted, "this process group was shut down while " +
+                                        Call::describe(call.code(), call.bytes) + " was in flight");
+      }
+      reduce_direct_chunk(call, a, std::min(end, a + step));
+    }
+  }
+  // The kernel's copies into the peers' memory are stores made on this thread's behalf
+  // before its system calls returned; B is published after them with release order, so
+  // a peer that sees B sees them.
+  publish();
+  wait_all(step_, call, "B");  // every rank has written its partition into this rank's spans
+  publish();                   // C
+  ++slices_;
+}
+
+void Transport::reduce_direct_chunk(const Call& call, size_t begin, size_t end) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t esize = dtype_size(call.dtype);
+  const size_t bytes = (end - begin) * esize;
+  for (int k = 0; k < n; ++k) {
+    if (k == me) continue;
+    const size_t np = span_maps_[static_cast<size_t>(k)]->pieces(begin, end, peer_pieces_.data(),
+                                                                 peer_pieces_.size());
+    iovec local{scratch_.data() + static_cast<size_t>(k) * direct_chunk_, bytes};
+    const auto pid = static_cast<pid_t>(peer_pids_[static_cast<size_t>(k)]);
+    if (const int err = read_from(pid, &local, 1, peer_pieces_.data(), np, bytes)) {
+      fail_cross_copy(err, k, "read", call);
+    }
+  }
+  const size_t no = span_maps_[static_cast<size_t>(me)]->pieces(begin, end, own_pieces_.data(),
+                                                                own_pieces_.size());
+  size_t done = 0;
+  for (size_t p = 0; p < no; ++p) {
+    const size_t count = own_pieces_[p].iov_len / esize;
+    for (int r = 0; r < n; ++r) {
+      inputs_[static_cast<size_t>(r)] =
+          r == me ? own_pieces_[p].iov_base
+                  : scratch_.data() + static_cast<size_t>(r) * direct_chunk_ + done * esize;
+    }
+    if (scaled_) {
+      fold_scaled(call.dtype, own_pieces_[p].iov_base, inputs_.data(), n, count, scales_.data());
+    } else {
+      reduce(call.dtype, call.op, own_pieces_[p].iov_base, nullptr, 0, inputs_.data(), n, 0, count);
+    }
+    done += count;
+  }
+  for (int k = 0; k < n; ++k) {
+    if (k == me) continue;
+    const size_t np = span_maps_[static_cast<size_t>(k)]->pieces(begin, end, peer_pieces_.data(),
+                                                                 peer_pieces_.size());
+    const auto pid = static_cast<pid_t>(peer_pids_[static_cast<size_t>(k)]);
+    if (const int err = write_to(pid, own_pieces_.data(), no, peer_pieces_.data(), np, bytes)) {
+      fail_cross_copy(err, k, "write", call);
+    }
+  }
 }
 
 void Transport::broadcast(void* data, size_t bytes, int root) {

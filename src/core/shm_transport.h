@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/uio.h>
+
 namespace ddp {
 namespace detail {
 namespace shm {
@@ -113,6 +115,48 @@ class SharedPool {
   std::string where_;
 };
 
+/// Note [Direct all-reduce]
+/// DDP's gradients live in each rank's private memory. Copying them into shared memory,
+/// reducing there and copying the result back moves every byte three times, and on a
+/// CPU each pass is bound by the memory bandwidth that the ranks share with backward.
+/// Linux lets a process read and write another's memory in one copy, the kernel's
+/// (cross-memory attach: process_vm_readv / process_vm_writev), when it may ptrace it:
+/// the same user, and no Yama or seccomp policy against it. So a direct all-reduce works
+/// on each rank's own buffers, described by their addresses (spans):
+///   A. each rank writes its spans into its area of the segment and publishes A;
+///   B. once every rank has, rank r reduces partition r of the concatenation, chunk by
+///      chunk: it reads each peer's part of the chunk into a small buffer that stays in
+///      cache (readv), folds every rank's values in rank order into its own buffer, and
+///      writes the result into every peer's buffer (writev); then it publishes B;
+///   C. once every rank has published B, every buffer holds the whole result.
+/// Each rank moves each byte of its partition once per peer, and no byte goes through
+/// the segment. The fold is the same as the other paths' (rank order, one rank per
+/// element), so every rank ends with the same bits, and the same bits as the other paths.
+/// Each rank's scale (DDP's 1/world_size, or under ddp::join 1/ranks still training, and
+/// anything for the zeros of a rank that shadows) is applied to its values before the
+/// sum, as DDP's scaled copy into a bucket does, rounding the same way: the ranks publish
+/// their scales with their spans.
+/// A peer writes into this rank's buffers between this rank's A and its own B; a rank
+/// leaves the call only once every peer has published B, so its buffers are never
+/// written after it returns. A rank that fails instead stops writing at its next chunk
+/// (it checks the abort word before each), and the caller keeps the buffers of a failed
+/// call alive for good (shm_comm.cpp), since a stuck peer may still be inside a write.
+/// Whether every rank may read and write every other one is probed once, at setup
+/// (enable_direct), and agreed by all; where not, calls take the other paths.
+struct Span {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+};
+/// A span as published in the segment, in its owner's address space.
+struct SpanEntry {
+  uint64_t address = 0;
+  uint64_t count = 0;
+};
+/// The most spans of one direct all-reduce (a chunk's pieces fit one system call).
+constexpr size_t kMaxSpans = 1024;
+
+class SpanMap;  // shm_direct.h
+
 struct Options {
   int rank = 0;
   int world_size = 1;
@@ -121,6 +165,8 @@ struct Options {
   size_t slice_bytes = size_t(512) << 10;
   /// Each collective fails with kTimeout after waiting this long for its peers.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Bytes per chunk of a direct all-reduce, per peer (0: chosen from the world size).
+  size_t direct_chunk_bytes = 0;
 };
 
 /// Bytes of the segment for `options`.
@@ -158,6 +204,18 @@ class Transport {
   /// In place over `count` elements at `offset` bytes into every rank's part of `pool`
   /// (Note [Zero-copy buffers]). Every rank must pass the same pool, offset and count.
   void all_reduce_in_pool(const SharedPool& pool, size_t offset, size_t count, DType dtype, Op op);
+  /// Collective: probes whether every rank can read and write every other rank's memory
+  /// (Note [Direct all-reduce]); `wanted` false votes no. Every rank gets the same
+  /// answer; on false, *why_not says which rank could not, and why. Peers must have
+  /// their pids set (set_peer_pid), in this process's pid namespace.
+  bool enable_direct(bool wanted, std::string* why_not);
+  bool direct() const { return direct_; }
+  /// In place over the concatenation of `spans` (this rank's own memory; every rank the
+  /// same number of elements, split into spans as it likes), through the peers' memory
+  /// (Note [Direct all-reduce]). `scale` multiplies this rank's values before the sum
+  /// (float32 and float64 SUM only; else it must be 1). Needs direct() and at most
+  /// kMaxSpans spans.
+  void all_reduce_direct(const std::vector<Span>& spans, DType dtype, Op op, double scale = 1.0);
   /// In place: every rank ends with root's `bytes` bytes.
   void broadcast(void* data, size_t bytes, int root);
   /// outputs[r] receives rank r's `bytes` bytes from `input`.
@@ -183,6 +241,11 @@ class Transport {
   void run(const Call& call);
   void begin_call();
   void run_in_pool(const Call& call);
+  void run_direct(const Call& call, const std::vector<Span>& spans, double scale);
+  void reduce_direct_chunk(const Call& call, size_t begin, size_t end);
+  [[noreturn]] void fail_cross_copy(int err, int peer, const char* what, const Call& call);
+  struct DirectArea;
+  DirectArea& direct_area(int rank) const;
   void publish();
   void wait_all(uint32_t target, const Call& call, const char* phase);
   void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
@@ -208,6 +271,14 @@ class Transport {
   std::chrono::steady_clock::time_point deadline_;
   // abort(local_only): read by this rank's waits only.
   std::unique_ptr<std::atomic<bool>> local_abort_;
+  // Note [Direct all-reduce]; sized once by enable_direct.
+  bool direct_ = false;
+  size_t direct_chunk_ = 0;             // elements per chunk are direct_chunk_ / element size
+  std::vector<unsigned char> scratch_;  // one chunk per rank
+  std::vector<double> scales_;          // per rank, this call's
+  bool scaled_ = false;                 // some rank's scale is not 1
+  std::vector<std::unique_ptr<SpanMap>> span_maps_;  // per rank, this call's spans
+  std::vector<iovec> own_pieces_, peer_pieces_;
 };
 
 }  // namespace shm

@@ -140,6 +140,12 @@ std::shared_ptr<PendingWork> TracedComm::all_reduce(std::vector<at::Tensor>& ten
                 [&] { return inner_->all_reduce(tensors, op); });
 }
 
+std::shared_ptr<PendingWork> TracedComm::all_reduce_in_place(std::vector<at::Tensor>& tensors,
+                                                             double scale) {
+  return traced("all_reduce_in_place(sum) [" + describe_tensors(tensors) + "]",
+                [&] { return inner_->all_reduce_in_place(tensors, scale); });
+}
+
 std::shared_ptr<PendingWork> TracedComm::broadcast(std::vector<at::Tensor>& tensors, int src) {
   return traced("broadcast [" + describe_tensors(tensors) + "] from rank " + std::to_string(src),
                 [&] { return inner_->broadcast(tensors, src); });

@@ -40,6 +40,11 @@ class TracedComm final : public Comm {
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override;
   void barrier() override;
+  bool reduces_in_place(c10::ScalarType dtype, size_t num_tensors) const override {
+    return inner_->reduces_in_place(dtype, num_tensors);
+  }
+  std::shared_ptr<PendingWork> all_reduce_in_place(std::vector<at::Tensor>& tensors,
+                                                   double scale) override;
   std::vector<at::Tensor> allocate_buffers(const std::vector<int64_t>& numels,
                                            const std::vector<at::TensorOptions>& options) override {
     return inner_->allocate_buffers(numels, options);

@@ -37,20 +37,25 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
       total += params[i].numel();
     }
     bucket.pending = bucket.params.size();
+    bucket.numel = total;
+    bucket.options = params[bucket.params.front()].options().requires_grad(false);
     numels.push_back(total);
-    options.push_back(params[bucket.params.front()].options().requires_grad(false));
+    options.push_back(bucket.options);
   }
   if (!allocate) return buckets;
   std::vector<at::Tensor> buffers = allocate(numels, options);
   for (size_t b = 0; b < buckets.size(); ++b) {
-    Bucket& bucket = buckets[b];
-    bucket.buffer = std::move(buffers[b]);
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      bucket.views.push_back(
-          bucket_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]]));
-    }
+    buckets[b].buffer = std::move(buffers[b]);
+    if (buckets[b].buffer.defined()) make_views(buckets[b], params);
   }
   return buckets;
+}
+
+void make_views(Bucket& bucket, const std::vector<at::Tensor>& params) {
+  bucket.views.clear();
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    bucket.views.push_back(bucket_view(bucket.buffer, bucket.offsets[k], params[bucket.params[k]]));
+  }
 }
 
 std::vector<Slot> locate_params(const BucketAssignment& assignment, size_t num_params) {

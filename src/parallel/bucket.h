@@ -34,17 +34,21 @@ struct BucketTiming {
 };
 
 struct Bucket {
-  at::Tensor buffer;
-  std::vector<size_t> params;                      // reduced-parameter indices, in buffer order
-  std::vector<int64_t> offsets;                    // element offset of each in buffer
-  std::vector<at::Tensor> views;                   // see Note [Plain bucket views]
+  at::Tensor buffer;  // undefined for a bucket reduced in place until it needs one
+  int64_t numel = 0;  // of the buffer
+  at::TensorOptions options;
+  std::vector<size_t> params;     // reduced-parameter indices, in buffer order
+  std::vector<int64_t> offsets;   // element offset of each in buffer
+  std::vector<at::Tensor> views;  // see Note [Plain bucket views]
+  // Note [Gradients reduced in place]: the gradients themselves are all-reduced, and
+  // the buffer only stands in for those that cannot be (staged[k]: views[k] did).
+  bool in_place = false;
+  std::vector<bool> staged;
   size_t pending = 0;                              // parameters not yet ready this iteration
   c10::intrusive_ptr<c10::ivalue::Future> future;  // reduction in flight, or null
   std::shared_ptr<BucketTiming> timing = std::make_shared<BucketTiming>();
 
-  int64_t bytes() const {
-    return buffer.defined() ? buffer.numel() * static_cast<int64_t>(buffer.element_size()) : 0;
-  }
+  int64_t bytes() const { return numel * static_cast<int64_t>(options.dtype().itemsize()); }
 };
 
 /// Where a parameter's gradient lives: bucket index and position inside it.
@@ -60,7 +64,7 @@ using BufferAllocator =
 
 /// Buckets for `assignment` over `params` (the reduced parameters): zeroed buffers from
 /// `allocate` and their views, or only the bookkeeping when `allocate` is empty (world
-/// size 1).
+/// size 1) or gives an undefined tensor for a bucket (see make_views).
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
                                  const BucketAssignment& assignment,
                                  const BufferAllocator& allocate);
@@ -78,6 +82,9 @@ at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef 
 /// layout (AccumulateGrad's layout contract) and copies do not transpose. Any other
 /// parameter gets a contiguous view.
 at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tensor& param);
+
+/// bucket.views, one per parameter, over bucket.buffer.
+void make_views(Bucket& bucket, const std::vector<at::Tensor>& params);
 
 }  // namespace detail
 }  // namespace ddp

@@ -54,16 +54,36 @@ void Reducer::install_buckets(const BucketAssignment& assignment) {
   assignment_ = assignment;
   slots_ = locate_params(assignment_, params_.size());
   // Collective (the constructor, and the rebuild after the broadcast of the order):
-  // the shm backend maps the buffers on every rank (Note [Zero-copy buffers]).
+  // the shm backend maps the buffers on every rank (Note [Zero-copy buffers]). A bucket
+  // whose gradients are reduced in place gets a buffer only if it needs stand-ins (Note
+  // [Gradients reduced in place]): private, made when first needed.
   Comm& comm = comm_of(*pg_);
+  std::vector<bool> in_place(assignment_.size(), false);
+  for (size_t b = 0; b < assignment_.size(); ++b) in_place[b] = reduces_in_place(assignment_[b]);
   BufferAllocator allocate;
   if (!local()) {
-    allocate = [&comm](const std::vector<int64_t>& numels,
-                       const std::vector<at::TensorOptions>& options) {
-      return comm.allocate_buffers(numels, options);
+    allocate = [&comm, &in_place](const std::vector<int64_t>& numels,
+                                  const std::vector<at::TensorOptions>& options) {
+      std::vector<int64_t> shared_numels;
+      std::vector<at::TensorOptions> shared_options;
+      for (size_t b = 0; b < numels.size(); ++b) {
+        if (in_place[b]) continue;
+        shared_numels.push_back(numels[b]);
+        shared_options.push_back(options[b]);
+      }
+      std::vector<at::Tensor> shared = comm.allocate_buffers(shared_numels, shared_options);
+      std::vector<at::Tensor> buffers;
+      for (size_t b = 0, next = 0; b < numels.size(); ++b) {
+        buffers.push_back(in_place[b] ? at::Tensor() : shared[next++]);
+      }
+      return buffers;
     };
   }
   buckets_ = make_buckets(params_, assignment_, allocate);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].in_place = in_place[b];
+    buckets_[b].staged.assign(buckets_[b].params.size(), false);
+  }
   if (local() || !options_.gradient_as_bucket_view) return;
   // Gradients that already exist move into the buckets, as PyTorch does; the others
   // are adopted when they first arrive (mark_ready).
@@ -277,7 +297,7 @@ void Reducer::mark_ready(size_t index) {
             ": parameter '", names_[index],
             "' has a sparse gradient, which DDP does not "
             "reduce. Use a dense gradient (e.g. Embedding without sparse=true).");
-  if (!local()) {
+  if (!local() && !bucket.in_place) {  // in place: nothing to copy (launch)
     at::Tensor& view = bucket.views[slot.index];
     at::NoGradGuard no_grad;
     if (!grad.defined()) {
@@ -318,7 +338,8 @@ void Reducer::launch(size_t b) {
   auto timing = std::make_shared<BucketTiming>();
   timing->launch_ns = steady_now_ns();
   bucket.timing = timing;
-  auto future = reduce_async(b, bucket.buffer);
+  auto future = bucket.in_place ? reduce_in_place_async(in_place_inputs(bucket))
+                                : reduce_async(b, bucket.buffer);
   future->addCallback([timing](c10::ivalue::Future&) { timing->done_ns = steady_now_ns(); });
   bucket.future = std::move(future);
 }
@@ -365,10 +386,13 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
             "'. Register the hook right after constructing "
             "DDP, on every rank.");
   const bool was_local = local();
+  const bool any_in_place =
+      std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.in_place; });
   comm_hook_ = std::move(hook);
   custom_hook_ = true;
-  // World size 1 had no bucket buffers; the hook needs them.
-  if (was_local) install_buckets(assignment_);
+  // World size 1 had no bucket buffers, and buckets reduced in place have private ones;
+  // the hook needs buffers that the group reduces (collective, as on every rank).
+  if (was_local || any_in_place) install_buckets(assignment_);
 }
 
 BucketAssignment Reducer::bucket_indices() const {

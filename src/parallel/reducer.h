@@ -168,6 +168,17 @@ class Reducer final : public OutputListener {
   void launch(size_t bucket);
   /// Starts bucket b's reduction of `buffer` (its own, or zeros when shadowing).
   c10::intrusive_ptr<c10::ivalue::Future> reduce_async(size_t b, at::Tensor buffer);
+
+  // reducer_in_place.cpp (Note [Gradients reduced in place])
+  /// Whether the bucket of these parameters is reduced in place: the same answer on
+  /// every rank.
+  bool reduces_in_place(const std::vector<size_t>& bucket_params) const;
+  /// What bucket's reduction takes: each gradient, or its stand-in in the buffer.
+  std::vector<at::Tensor> in_place_inputs(Bucket& bucket);
+  /// The stand-ins of a bucket reduced in place (its views), made on first use.
+  const std::vector<at::Tensor>& stand_ins(Bucket& bucket);
+  c10::intrusive_ptr<c10::ivalue::Future> reduce_in_place_async(std::vector<at::Tensor> tensors);
+  void write_back_in_place(const Bucket& bucket, const std::vector<int>& global_use);
   void set_divisor_locked(int divisor);
   bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();
@@ -183,6 +194,8 @@ class Reducer final : public OutputListener {
   /// Bucket b's reduced buffer from its completed future; a failure moves the reducer
   /// to kFailed and throws.
   at::Tensor bucket_result(size_t b, c10::ivalue::Future& future);
+  /// Throws, moving the reducer to kFailed, when bucket b's future failed.
+  void bucket_failure(size_t b, c10::ivalue::Future& future);
   /// After a reduced iteration (real or shadowed): counts it, keeps what static_graph
   /// learnt from the first one.
   void end_reduced_iteration(const std::vector<int>& use);

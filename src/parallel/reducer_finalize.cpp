@@ -53,6 +53,8 @@ void Reducer::finalize_locked() {
   stats.num_buckets = buckets_.size();
   stats.backward_ms = ms_between(iter_.forward_end_ns, finalize_start_ns);
   stats.buckets_launched_before_end = iter_.next_bucket;
+  stats.buckets_reduced_in_place = static_cast<size_t>(
+      std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.in_place; }));
   for (size_t b = 0; b < iter_.next_bucket; ++b) {
     const auto& future = buckets_[b].future;
     stats.buckets_done_before_end += future && future->completed() ? 1 : 0;
@@ -124,21 +126,44 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     if (!bucket.future) continue;
     bucket.future->wait();
     const int64_t now = steady_now_ns();
-    const at::Tensor result = bucket_result(b, *bucket.future);
-    if (!result.is_same(bucket.buffer)) {
-      at::NoGradGuard no_grad;
-      bucket.buffer.copy_(result.reshape({-1}));
+    if (bucket.in_place) {
+      bucket_failure(b, *bucket.future);  // the gradients hold the result
+    } else {
+      const at::Tensor result = bucket_result(b, *bucket.future);
+      if (!result.is_same(bucket.buffer)) {
+        at::NoGradGuard no_grad;
+        bucket.buffer.copy_(result.reshape({-1}));
+      }
     }
     const int64_t done = bucket.timing->done_ns.load();
     const double ms = ms_between(bucket.timing->launch_ns.load(), done != 0 ? done : now);
     stats.bucket_bytes.push_back(bucket.bytes());
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;
-    if (use != nullptr) write_back(bucket, *use);
+    if (use == nullptr) continue;
+    if (bucket.in_place) {
+      write_back_in_place(bucket, *use);
+    } else {
+      write_back(bucket, *use);
+    }
   }
 }
 
 at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
+  const Bucket& bucket = buckets_[b];
+  bucket_failure(b, future);
+  at::Tensor result = hook_result(future.value());
+  DDP_CHECK(result.defined() && result.numel() == bucket.numel, "DistributedDataParallel", where(),
+            ": comm hook '", comm_hook_->name(), "' completed bucket ", b, " with ",
+            result.defined() ? std::to_string(result.numel()) + " elements"
+                             : std::string("no tensor"),
+            ", but the bucket has ", bucket.numel,
+            ". A hook's future must "
+            "yield the reduced flat buffer (a Tensor or a list holding one).");
+  return result;
+}
+
+void Reducer::bucket_failure(size_t b, c10::ivalue::Future& future) {
   const Bucket& bucket = buckets_[b];
   if (future.hasError()) {
     const std::string cause = future.tryRetrieveErrorMessage();
@@ -160,15 +185,6 @@ at::Tensor Reducer::bucket_result(size_t b, c10::ivalue::Future& future) {
                                           "ranks with fewer batches)."
                                  : text + ". The process group is broken; recreate it.");
   }
-  at::Tensor result = hook_result(future.value());
-  DDP_CHECK(result.defined() && result.numel() == bucket.buffer.numel(), "DistributedDataParallel",
-            where(), ": comm hook '", comm_hook_->name(), "' completed bucket ", b, " with ",
-            result.defined() ? std::to_string(result.numel()) + " elements"
-                             : std::string("no tensor"),
-            ", but the bucket has ", bucket.buffer.numel(),
-            ". A hook's future must "
-            "yield the reduced flat buffer (a Tensor or a list holding one).");
-  return result;
 }
 
 void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_use) {

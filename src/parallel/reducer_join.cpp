@@ -63,15 +63,23 @@ void Reducer::shadow_reduction() {
   {
     at::NoGradGuard no_grad;
     for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (buckets_[b].in_place) stand_ins(buckets_[b]);
       at::Tensor buffer = buckets_[b].buffer;
       if (options_.gradient_as_bucket_view) saved[b] = buffer.clone();
       buffer.zero_();
-      futures.push_back(reduce_async(b, buffer));
+      // Buckets reduced in place: the trainers pass their gradients, shaped like the
+      // views (Note [Gradients reduced in place]).
+      futures.push_back(buckets_[b].in_place ? reduce_in_place_async(buckets_[b].views)
+                                             : reduce_async(b, buffer));
     }
   }
   for (size_t b = 0; b < futures.size(); ++b) {
     futures[b]->wait();
-    bucket_result(b, *futures[b]);
+    if (buckets_[b].in_place) {
+      bucket_failure(b, *futures[b]);
+    } else {
+      bucket_result(b, *futures[b]);
+    }
   }
   at::NoGradGuard no_grad;
   for (size_t b = 0; b < buckets_.size(); ++b) {

@@ -278,7 +278,85 @@ TEST_P(ShmWorldTest, BuffersOfTheGroupLiveInSharedMemoryAndReduceInPlace) {
   }
 }
 
+// Note [Direct all-reduce]: each rank's own tensors, reduced where they are, scaled by
+// 1/world as DDP's gradients are: the bits of a scaled copy into a buffer of the group's
+// pool, all-reduced there, on every rank.
+TEST_P(ShmWorldTest, TensorsReduceInPlaceWithTheBitsOfScaledBuckets) {
+  const int world = GetParam();
+  const std::vector<int64_t> numels = {300001, 7, 1000, 0, 65537};
+  std::mutex mu;
+  std::vector<std::vector<at::Tensor>> direct(static_cast<size_t>(world));
+  std::vector<at::Tensor> pooled(static_cast<size_t>(world));
+  run_shm(world, [&](ddp::ProcessGroup& pg) {
+    ddp::detail::Comm& comm = ddp::detail::comm_of(pg);
+    if (world == 1) {  // nothing to exchange: a group of one has no shared memory
+      EXPECT_FALSE(comm.reduces_in_place(at::kFloat, 1));
+      return;
+    }
+    if (::geteuid() == 0) {  // where the kernel lets a process read its peers' memory
+      ASSERT_TRUE(comm.reduces_in_place(at::kFloat, numels.size()));
+    }
+    if (!comm.reduces_in_place(at::kFloat, numels.size())) return;
+    EXPECT_TRUE(comm.reduces_in_place(at::kDouble, 1));
+    EXPECT_FALSE(comm.reduces_in_place(at::kHalf, 1));
+    EXPECT_FALSE(comm.reduces_in_place(at::kFloat, 5000));
+    int64_t total = 0;
+    std::vector<at::Tensor> tensors;
+    for (int64_t n : numels) {
+      tensors.push_back(input_of(pg.rank(), n, at::kFloat) * (total + 1));
+      total += n;
+    }
+    const std::vector<at::Tensor> inputs = [&] {
+      std::vector<at::Tensor> c;
+      for (const auto& t : tensors) c.push_back(t.clone());
+      return c;
+    }();
+    std::vector<void*> where;
+    for (const auto& t : tensors) where.push_back(t.data_ptr());
+    comm.all_reduce_in_place(tensors, 1.0 / world)->wait();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_EQ(tensors[i].data_ptr(), where[i]) << "reduced where it is";
+    }
+    // The same values through a bucket of the pool: scaled copy, then all_reduce.
+    at::Tensor bucket = comm.allocate_buffers({total}, {at::TensorOptions(at::kFloat)})[0];
+    at::mul_out(bucket, at::cat(inputs), at::scalar_tensor(1.0 / world, at::kDouble));
+    pg.all_reduce(bucket);
+    std::lock_guard<std::mutex> lock(mu);
+    direct[static_cast<size_t>(pg.rank())] = tensors;
+    pooled[static_cast<size_t>(pg.rank())] = bucket.clone();
+  });
+  if (direct[0].empty()) return;  // not here (see above)
+  // An independent reference: the fold of every rank's scaled values in rank order.
+  at::Tensor want;
+  for (int r = 0; r < world; ++r) {
+    int64_t total = 0;
+    std::vector<at::Tensor> parts;
+    for (int64_t n : numels) {
+      parts.push_back(input_of(r, n, at::kFloat) * (total + 1));
+      total += n;
+    }
+    const at::Tensor scaled = at::cat(parts) * static_cast<float>(1.0 / world);
+    want = r == 0 ? scaled : want + scaled;
+  }
+  for (int r = 0; r < world; ++r) {
+    const at::Tensor got = at::cat(direct[static_cast<size_t>(r)]);
+    EXPECT_TRUE(same_bits(got, want)) << "rank " << r;
+    EXPECT_TRUE(same_bits(got, pooled[static_cast<size_t>(r)])) << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorldTest, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(ShmBackendTest, DirectAllReduceCanBeTurnedOff) {
+  ::setenv("DDP_SHM_CMA", "0", 1);
+  run_shm(2, [](ddp::ProcessGroup& pg) {
+    EXPECT_FALSE(ddp::detail::comm_of(pg).reduces_in_place(at::kFloat, 1));
+  });
+  ::unsetenv("DDP_SHM_CMA");
+  run_shm(2, [](ddp::ProcessGroup& pg) {
+    EXPECT_EQ(ddp::detail::comm_of(pg).reduces_in_place(at::kFloat, 1), ::geteuid() == 0);
+  });
+}
 
 TEST(ShmBackendTest, NonContiguousAndUnsupportedDtypesStillReduce) {
   run_shm(3, [](ddp::ProcessGroup& pg) {
@@ -461,9 +539,10 @@ constexpr int kBroken = 21;
 constexpr int kTimedOut = 22;
 
 // Rank 2 is killed (SIGKILL) after the first all-reduces; ranks 0 and 1 go on, with
-// ordinary tensors and buffers of the group's pool (as DDP's buckets) in turn, and must
-// fail with an error naming it, long before the 60 s timeout. Then rank 0, which made
-// the segment and the pool, is killed too: nothing may stay in /dev/shm.
+// ordinary tensors, buffers of the group's pool (as DDP's buckets) and tensors reduced
+// where they are (as DDP's gradients) in turn, and must fail with an error naming it,
+// long before the 60 s timeout. Then rank 0, which made the segment and the pool, is
+// killed too: nothing may stay in /dev/shm.
 DDP_SCENARIO(shm_dead_peer) {
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("shm").timeout(std::chrono::seconds(60)));
   std::printf("pid=%ld\n", static_cast<long>(::getpid()));
@@ -472,12 +551,22 @@ DDP_SCENARIO(shm_dead_peer) {
   at::Tensor bucket = ddp::detail::comm_of(*ddp::default_group())
                           .allocate_buffers({1 << 20}, {at::TensorOptions(at::kFloat)})[0];
   bucket.fill_(1);
-  ddp::all_reduce(t);
-  ddp::all_reduce(bucket);
+  ddp::detail::Comm& comm = ddp::detail::comm_of(*ddp::default_group());
+  std::vector<at::Tensor> grads = {at::ones({1 << 19}), at::ones({(1 << 19) + 3})};
+  const bool in_place = comm.reduces_in_place(at::kFloat, grads.size());
+  if (::geteuid() == 0 && !in_place) return 2;  // the kernel allows it to root
+  auto one_call = [&](int i) {
+    if (i % 3 == 2 && in_place) {
+      comm.all_reduce_in_place(grads, 1.0 / 3)->wait();
+    } else {
+      ddp::all_reduce(i % 3 == 0 ? t : bucket);
+    }
+  };
+  for (int i = 0; i < 3; ++i) one_call(i);
   if (ddp::get_rank() == 2) ::raise(SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   try {
-    for (int i = 0; i < 1000; ++i) ddp::all_reduce(i % 2 == 0 ? t : bucket);
+    for (int i = 0; i < 1000; ++i) one_call(i);
   } catch (const ddp::ProcessGroupError& e) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -10,6 +10,10 @@
 
 #include <torch/optim/sgd.h>
 
+#include "../../src/core/comm.h"
+
+#include <unistd.h>
+
 using ddp_test::borrow;
 using ddp_test::options_for;
 using ddp_test::rel_error;
@@ -441,5 +445,117 @@ TEST(GradientEquivalenceTest, LargeGradientsTakeTheStreamingCopy) {
         EXPECT_TRUE(at::equal(got[r][i], got[0][i])) << "rank " << r << ", gradient #" << i;
       }
     }
+  }
+}
+
+namespace {
+
+// Runs fn(pg) on `world` threads, each with its own "shm" group, whatever
+// DDP_TEST_BACKEND says.
+void run_shm_groups(int world, const std::function<void(ddp::ProcessGroup& pg)>& fn) {
+  ddp_test::TempDir dir;
+  ddp_test::run_threads(world, [&](int rank) {
+    auto pg = ddp::ProcessGroup::create(ddp_test::file_init(dir, rank, world).backend("shm"));
+    fn(*pg);
+    pg->barrier();
+  });
+}
+
+}  // namespace
+
+// Note [Gradients reduced in place]: on shm, with the default hook, every bucket's
+// gradients are all-reduced where they are, and end with the bits that the bucket
+// buffers give (gradient_as_bucket_view keeps the buckets, as a comm hook does).
+TEST(GradientEquivalenceTest, OnSharedMemoryGradientsAreReducedWhereTheyAre) {
+  const int world = 3;
+  auto x = ddp_test::randn({3, world * kPerRank, 8}, 71);
+  auto y = ddp_test::randn({3, world * kPerRank, 4}, 72);
+  enum Mode { kDefault, kAsView, kHook };
+  std::vector<std::vector<std::vector<at::Tensor>>> got(3, std::vector<std::vector<at::Tensor>>(
+                                                               world));
+  for (const Mode mode : {kDefault, kAsView, kHook}) {
+    SCOPED_TRACE(mode == kDefault  ? "default"
+                 : mode == kAsView ? "gradient_as_bucket_view"
+                                   : "hook");
+    run_shm_groups(world, [&](ddp::ProcessGroup& pg) {
+      const int r = pg.rank();
+      const bool can = ddp::detail::comm_of(pg).reduces_in_place(at::kFloat, 1);
+      if (::geteuid() == 0) ASSERT_TRUE(can) << "the kernel lets root read its peers' memory";
+      ddp_test::Mlp model(8, 300, 4);
+      ddp_test::init_params(*model, 31);
+      auto dmodel =
+          ddp::DistributedDataParallel(model, options_for(pg)
+                                                  .gradient_as_bucket_view(mode == kAsView)
+                                                  .bucket_cap_mb(0.1));  // several buckets
+      if (mode == kHook) dmodel->register_comm_hook(ddp::comm_hooks::allreduce_hook());
+      for (int it = 0; it < 3; ++it) {  // the initial bucket, then the rebuilt ones
+        model->zero_grad();
+        ddp_test::mse(dmodel(ddp_test::shard(x[it], r, kPerRank)),
+                      ddp_test::shard(y[it], r, kPerRank))
+            .backward();
+        const ddp::IterationStats stats = dmodel->last_iteration_stats();
+        EXPECT_EQ(stats.buckets_reduced_in_place, mode == kDefault && can ? stats.num_buckets : 0u)
+            << "iteration " << it << " of " << stats.num_buckets << " buckets";
+        auto want = ddp_test::full_batch_grads(ddp_test::Mlp(8, 300, 4), 31, x[it], y[it]);
+        ddp_test::expect_grads_close(ddp_test::current_grads(*model), want, kRtol,
+                                     "rank " + std::to_string(r) + ", iteration " +
+                                         std::to_string(it));
+      }
+      EXPECT_GT(dmodel->last_iteration_stats().num_buckets, 1u);
+      for (const auto& g : ddp_test::current_grads(*model)) got[mode][r].push_back(g.clone());
+    });
+  }
+  // The same bits on every rank; and the bucket path's bits when the gradients were
+  // reduced in place (a hook sums first and divides after, which rounds differently).
+  for (const Mode mode : {kDefault, kAsView, kHook}) {
+    const Mode like = mode == kHook ? kHook : kDefault;
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < got[0][0].size(); ++i) {
+        EXPECT_TRUE(at::equal(got[mode][r][i], got[like][0][i]))
+            << "mode " << mode << ", rank " << r << ", gradient #" << i;
+      }
+    }
+  }
+}
+
+// Two parameters whose .grad() is one tensor (which a user may set up): the reduction in
+// place must not reduce that memory twice. Each parameter's gradient is the average, as
+// with bucket buffers.
+TEST(GradientEquivalenceTest, GradientsThatShareMemoryAreReducedOnce) {
+  const int world = 2;
+  std::vector<at::Tensor> got(world);
+  bool in_place = true;
+  run_shm_groups(world, [&](ddp::ProcessGroup& pg) {
+    if (!ddp::detail::comm_of(pg).reduces_in_place(at::kFloat, 1)) in_place = false;
+    auto a = torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false));
+    auto b = torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false));
+    auto model = torch::nn::Sequential(a, b);
+    ddp_test::init_params(*model, 5);
+    auto dmodel = ddp::DistributedDataParallel(model, options_for(pg));
+    const at::Tensor shared = at::zeros({64, 64});
+    a->weight.mutable_grad() = shared;
+    b->weight.mutable_grad() = shared;
+    const at::Tensor x = at::full({2, 64}, 0.01 * (pg.rank() + 1));
+    dmodel(x).sum().backward();
+    got[pg.rank()] = shared.clone();
+    EXPECT_TRUE(a->weight.grad().is_same(shared));
+  });
+  EXPECT_TRUE(at::equal(got[0], got[1]));
+  if (::geteuid() == 0) ASSERT_TRUE(in_place) << "the kernel lets root read its peers' memory";
+  if (!in_place) return;  // bucket buffers: each gradient is copied when it arrives
+  // Each rank accumulated both layers' gradients into the one tensor; every rank ends
+  // with the average of those sums.
+  std::vector<at::Tensor> local(world);
+  for (int r = 0; r < world; ++r) {
+    auto a = torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false));
+    auto b = torch::nn::Linear(torch::nn::LinearOptions(64, 64).bias(false));
+    auto model = torch::nn::Sequential(a, b);
+    ddp_test::init_params(*model, 5);
+    model->forward(at::full({2, 64}, 0.01 * (r + 1))).sum().backward();
+    local[r] = a->weight.grad() + b->weight.grad();
+  }
+  const at::Tensor want = (local[0] + local[1]) / 2;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(at::allclose(got[r], want, 1e-5, 1e-7)) << "rank " << r;
   }
 }

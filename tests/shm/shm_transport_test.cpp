@@ -16,6 +16,9 @@
 #include <thread>
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <vector>
 
 using namespace ddp::detail::shm;
@@ -36,13 +39,9 @@ void check(bool ok, const std::string& what) {
 // instead of as a memfd (Note [Segments without a name]).
 bool g_named = false;
 
-// Runs body(transport) on `world` threads, each with its own mapping of one segment.
-void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
-               const std::function<void(Transport&)>& body) {
-  Options o;
-  o.world_size = world;
-  o.slice_bytes = slice_bytes;
-  o.timeout = timeout;
+// Runs body(transport) on o.world_size threads, each with its own mapping of one segment.
+void run_world(Options o, const std::function<void(Transport&)>& body) {
+  const int world = o.world_size;
   o.rank = 0;
   const std::string name = Transport::unique_name();
   std::unique_ptr<Transport> root = Transport::create(name, o, g_named);
@@ -59,6 +58,15 @@ void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
     threads.emplace_back([&, r] { body(*ranks[static_cast<size_t>(r)]); });
   }
   for (auto& t : threads) t.join();
+}
+
+void run_world(int world, size_t slice_bytes, std::chrono::milliseconds timeout,
+               const std::function<void(Transport&)>& body) {
+  Options o;
+  o.world_size = world;
+  o.slice_bytes = slice_bytes;
+  o.timeout = timeout;
+  run_world(o, body);
 }
 
 float input(int rank, size_t i) {
@@ -194,6 +202,133 @@ void pool_and_plain_calls_are_a_mismatch() {
             ", other errors " + std::to_string(others.load()));
 }
 
+// Note [Direct all-reduce]: each rank's own vectors, split into spans differently on
+// each rank, all-reduced through the peers' memory; interleaved with ordinary and pool
+// all-reduces, which share the slots.
+void enable_direct_on_all(Transport& t) {
+  for (int r = 0; r < t.world_size(); ++r) {
+    if (r != t.rank()) t.set_peer_pid(r, ::getpid());  // ranks are threads of this process
+  }
+  std::string why;
+  check(t.enable_direct(true, &why),
+        "enable_direct on rank " + std::to_string(t.rank()) + ": " + why);
+}
+
+template <typename T>
+void direct_all_reduce_matches_the_fold(int world, size_t count, size_t chunk_bytes) {
+  std::atomic<int> bad{0};
+  Options o;
+  o.world_size = world;
+  o.slice_bytes = 4096;
+  o.timeout = std::chrono::seconds(30);
+  o.direct_chunk_bytes = chunk_bytes;
+  const DType dtype = sizeof(T) == 4 ? DType::kFloat32 : DType::kFloat64;
+  // Each rank scales its own values, as DDP's buckets do: rank 1 by 1 (under ddp::join a
+  // rank that shadows with zeros may keep another divisor), the others by 1/world.
+  auto scale_of = [world](int r) { return r == 1 ? 1.0 : 1.0 / world; };
+  run_world(o, [&](Transport& t) {
+    const int me = t.rank();
+    enable_direct_on_all(t);
+    std::vector<T> all(count);
+    // Rank r cuts its elements into spans of (k + 1)^2 (r + 1) + 1 elements (the last one
+    // takes the rest), so that pieces of a chunk start at different places on each rank.
+    std::vector<Span> spans;
+    for (size_t at = 0, k = 0; at < count; ++k) {
+      const size_t len = std::min(count - at, (k + 1) * (k + 1) * static_cast<size_t>(me + 1) + 1);
+      spans.push_back(Span{all.data() + at, len});
+      at += len;
+    }
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < count; ++i) all[i] = static_cast<T>(input(me, i)) + k;
+      t.all_reduce_direct(spans, dtype, Op::kSum, scale_of(me));
+      std::vector<float> v(count % 3000 + 1);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = input(me, i);
+      t.all_reduce(v.data(), v.size(), DType::kFloat32, Op::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        T want = (static_cast<T>(input(0, i)) + k) * static_cast<T>(scale_of(0));
+        for (int r = 1; r < world; ++r) {
+          const T scaled = (static_cast<T>(input(r, i)) + k) * static_cast<T>(scale_of(r));
+          want = want + scaled;
+        }
+        if (std::memcmp(&all[i], &want, sizeof(T)) != 0) ++bad;
+      }
+      for (size_t i = 0; i < v.size(); ++i) {
+        float want = input(0, i);
+        for (int r = 1; r < world; ++r) want += input(r, i);
+        if (v[i] != want) ++bad;
+      }
+    }
+    // Unscaled, another op: the maximum over ranks, exactly.
+    std::vector<int32_t> ints(count);
+    for (size_t i = 0; i < count; ++i) ints[i] = static_cast<int32_t>((i * 31 + me * 17) % 1009);
+    t.all_reduce_direct({Span{ints.data(), count}}, DType::kInt32, Op::kMax);
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = 0;
+      for (int r = 0; r < world; ++r)
+        want = std::max(want, static_cast<int32_t>((i * 31 + r * 17) % 1009));
+      if (ints[i] != want) ++bad;
+    }
+    t.barrier();
+  });
+  check(bad == 0, "all_reduce_direct of " + std::to_string(count) + " " +
+                      (sizeof(T) == 4 ? "floats" : "doubles") + " on " + std::to_string(world) +
+                      " ranks (chunks of " + std::to_string(chunk_bytes) +
+                      " bytes): " + std::to_string(bad.load()) + " wrong");
+}
+
+// A rank that votes no, or whose peer is in another pid namespace (no pid), turns the
+// direct all-reduce off on every rank, which all say why.
+void direct_is_agreed_by_every_rank() {
+  for (int case_no = 0; case_no < 2; ++case_no) {
+    std::atomic<int> enabled{0}, named{0};
+    Options o;
+    o.world_size = 3;
+    o.slice_bytes = 4096;
+    o.timeout = std::chrono::seconds(10);
+    run_world(o, [&](Transport& t) {
+      for (int r = 0; r < 3; ++r) {
+        if (r != t.rank()) t.set_peer_pid(r, case_no == 1 && r == 2 ? 0 : ::getpid());
+      }
+      std::string why;
+      const bool on = t.enable_direct(!(case_no == 0 && t.rank() == 1), &why);
+      enabled += on;
+      const std::string expected =
+          case_no == 0 ? "rank 1: turned off" : "is in another pid namespace";
+      named += why.find(expected) != std::string::npos;
+      check(!t.direct(), "direct() is false after a failed probe");
+    });
+    check(enabled == 0 && named == 3, "direct all-reduce refused on every rank, case " +
+                                          std::to_string(case_no) + ": " +
+                                          std::to_string(enabled.load()) + " enabled, " +
+                                          std::to_string(named.load()) + " gave the reason");
+  }
+}
+
+// A direct call against a plain one is a mismatch on both ranks.
+void direct_and_plain_calls_are_a_mismatch() {
+  std::atomic<int> mismatches{0}, others{0};
+  Options o;
+  o.world_size = 2;
+  o.slice_bytes = 4096;
+  o.timeout = std::chrono::seconds(10);
+  run_world(o, [&](Transport& t) {
+    enable_direct_on_all(t);
+    float x[4] = {1, 2, 3, 4};
+    try {
+      if (t.rank() == 0) {
+        t.all_reduce_direct({Span{x, 4}}, DType::kFloat32, Op::kSum);
+      } else {
+        t.all_reduce(x, 4, DType::kFloat32, Op::kSum);
+      }
+    } catch (const Error& e) {
+      (e.kind() == Error::Kind::kMismatch ? mismatches : others)++;
+    }
+  });
+  check(mismatches >= 1 && mismatches + others == 2,
+        "direct against plain all_reduce: mismatches " + std::to_string(mismatches.load()) +
+            ", other errors " + std::to_string(others.load()));
+}
+
 }  // namespace
 
 bool in_dev_shm(const std::string& name) {
@@ -246,6 +381,14 @@ int main() {
     pool_all_reduce_matches_the_fold(world, 30001, 4096);
   }
   pool_and_plain_calls_are_a_mismatch();
+  for (int world : {1, 2, 3, 5, 8}) {
+    direct_all_reduce_matches_the_fold<float>(world, 1, 0);
+    direct_all_reduce_matches_the_fold<float>(world, 30001, 4096);  // many chunks and pieces
+    direct_all_reduce_matches_the_fold<double>(world, 30001, 0);
+  }
+  direct_all_reduce_matches_the_fold<float>(2, 1000003, 0);
+  direct_is_agreed_by_every_rank();
+  direct_and_plain_calls_are_a_mismatch();
   a_missing_rank_times_out_and_stops_the_others();
   segments_leave_nothing_behind();
   g_named = true;  // the same protocol over segments with a name

@@ -29,6 +29,10 @@ struct IterationStats {
   /// Buckets whose all-reduce had already completed when the end-of-backward callback
   /// began: communication fully hidden behind computation.
   size_t buckets_done_before_end = 0;
+  /// Buckets whose gradients were all-reduced where they are, straight between the
+  /// ranks' memory, with no copy into a bucket buffer and back (the shm backend with the
+  /// default comm hook; docs/shm.md, "Gradients reduced in place").
+  size_t buckets_reduced_in_place = 0;
   /// From the end of forward to the start of the end-of-backward callback (includes
   /// the loss computation between them).
   double backward_ms = 0;

@@ -58,8 +58,7 @@ int cross_copy(Copy copy, pid_t pid, const struct iovec* local, size_t num_local
 }
 
 template <typename T>
-void fold_scaled_typed(T* out, const void* const* in_v, int n, size_t count,
-                       const double* scales) {
+void fold_scaled_typed(T* out, const void* const* in_v, int n, size_t count, const double* scales) {
   // Two roundings per term, as the bucket path's scaled copy and then its sum (this file
   // is built without contracting them into a fused multiply-add).
   if (n == 2) {  // the common case, in one pass

@@ -732,6 +732,19 @@ void Transport::raise_abort(Error::Kind kind, int peer, bool local_only) {
   for (int r = 0; r < options_.world_size; ++r) futex_wake_all(&control_of(base_, r).seq);
 }
 
+void Transport::fail_stopped(uint64_t word, const Call& call) {
+  // A peer that gave up at its deadline stops this rank's call for the same reason: the
+  // rank it waited for did not come in time, which is a timeout here too.
+  const auto kind = static_cast<Error::Kind>((word >> 48) & 0x7FFF);
+  if (kind == Error::Kind::kTimeout) {
+    fail(Error::Kind::kTimeout, Call::describe(call.code(), call.bytes) +
+                                    " timed out: " + abort_cause(word) + "; the group is broken");
+  }
+  fail(Error::Kind::kAborted, "the group was stopped while this rank was in " +
+                                  Call::describe(call.code(), call.bytes) + ": " +
+                                  abort_cause(word) + "; the group is broken");
+}
+
 void Transport::fail(Error::Kind kind, const std::string& message, int peer) {
   // Stop the peers too, unless this failure is already their doing.
   if (kind != Error::Kind::kAborted) raise_abort(kind, peer, /*local_only=*/false);
@@ -762,11 +775,7 @@ void Transport::wait_one(int peer, uint32_t target, const Call& call, const char
   for (;;) {
     const auto now = Clock::now();
     const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire);
-    if (aborted != 0) {
-      fail(Error::Kind::kAborted, "the group was stopped while this rank was in " +
-                                      Call::describe(call.code(), call.bytes) + ": " +
-                                      abort_cause(aborted) + "; the group is broken");
-    }
+    if (aborted != 0) fail_stopped(aborted, call);
     if (local_abort_->load(std::memory_order_acquire)) {
       fail(Error::Kind::kAborted, "this process group was shut down while " +
                                       Call::describe(call.code(), call.bytes) +
@@ -1180,9 +1189,7 @@ void Transport::run_direct(const Call& call, const std::vector<Span>& spans, dou
     for (size_t a = begin; a < end; a += step) {
       // A failed peer may already have released its buffers: write no further.
       if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
-        fail(Error::Kind::kAborted, "the group was stopped while this rank was in " +
-                                        Call::describe(call.code(), call.bytes) + ": " +
-                                        abort_cause(aborted) + "; the group is broken");
+        fail_stopped(aborted, call);
       }
       if (local_abort_->load(std::memory_order_acquire)) {
         fail(Error::Kind::kAborted, "this process group was shut down while " +

@@ -251,6 +251,8 @@ class Transport {
   void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
   void check_same_call(const Call& call, int slot);
   [[noreturn]] void fail(Error::Kind kind, const std::string& message, int peer = -1);
+  /// The group's abort word was set by another rank while this one was in `call`.
+  [[noreturn]] void fail_stopped(uint64_t word, const Call& call);
   void raise_abort(Error::Kind kind, int peer, bool local_only);
   std::string abort_cause(uint64_t word) const;
   unsigned char* input_area(int slot, int rank) const;

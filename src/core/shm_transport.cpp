@@ -854,29 +854,45 @@ void Transport::begin_call() {
 // Note [Zero-copy buffers]: one unit of three phases, like a slice, so that the slot
 // bookkeeping of run() holds across both kinds of collectives; the slot carries only the
 // description of the call, no data.
-void Transport::run_in_pool(const Call& call) {
-  const int n = options_.world_size;
-  const int me = options_.rank;
-  const size_t esize = dtype_size(call.dtype);
+void Transport::enter_unit(const Call& call) {
   begin_call();
-  Control& mine = control_of(base_, me);
+  Control& mine = control_of(base_, options_.rank);
   const int slot = static_cast<int>(slices_ & 1);
   if (slices_ >= 2) wait_all(step_ - 3, call, "slot reuse");
   mine.call[slot].store(call.code(), std::memory_order_relaxed);
   mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
   mine.offset[slot].store(call.offset, std::memory_order_relaxed);
-  // A: this rank's buffer holds its input (its writes happen before this release).
+  // A: this rank's input is in place (its writes happen before this release).
   publish();
   wait_all(step_, call, "A");
   check_same_call(call, slot);
+}
+
+void Transport::leave_unit(const Call& call) {
+  publish();  // B: this rank's partition is done
+  // Every partition is in this rank's buffer once every rank has published B; after that
+  // no rank touches another's buffer for this call.
+  wait_all(step_, call, "B");
+  publish();  // C
+  ++slices_;
+}
+
+std::pair<size_t, size_t> Transport::partition(size_t elems, size_t esize) const {
+  const size_t n = static_cast<size_t>(options_.world_size);
+  const size_t line = std::max<size_t>(1, kLine / esize);  // partitions are whole lines
+  const size_t chunk = round_up((elems + n - 1) / n, line);
+  const size_t begin = std::min(elems, chunk * static_cast<size_t>(options_.rank));
+  return {begin, std::min(elems, begin + chunk)};
+}
+
+void Transport::run_in_pool(const Call& call) {
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t esize = dtype_size(call.dtype);
+  enter_unit(call);
 
   // B: partition `me` reduced over every rank's buffer, in rank order, into all of them.
-  const size_t elems = call.bytes / esize;
-  const size_t line = std::max<size_t>(1, kLine / esize);
-  const size_t chunk =
-      round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
-  const size_t begin = std::min(elems, chunk * static_cast<size_t>(me));
-  const size_t end = std::min(elems, begin + chunk);
+  const auto [begin, end] = partition(call.bytes / esize, esize);
   if (begin < end) {
     copies_.clear();
     for (int r = 0; r < n; ++r) {
@@ -886,12 +902,7 @@ void Transport::run_in_pool(const Call& call) {
     reduce(call.dtype, call.op, call.pool->part(me) + call.offset, copies_.data(),
            static_cast<int>(copies_.size()), inputs_.data(), n, begin, end);
   }
-  publish();
-  // Every partition is in this rank's buffer once every rank has published B; after that
-  // no rank touches another's buffer for this call.
-  wait_all(step_, call, "B");
-  publish();  // C
-  ++slices_;
+  leave_unit(call);
 }
 
 void Transport::run(const Call& call) {
@@ -923,15 +934,9 @@ void Transport::run(const Call& call) {
         call.data != nullptr ? static_cast<unsigned char*>(call.data) + offset : nullptr;
     // all_reduce: this rank's partition of the slice, [part_begin, part_end) in elements.
     // Partitions are whole cache lines.
-    size_t elems = 0, part_begin = 0, part_end = 0;
-    if (call.kind == Kind::kAllReduce) {
-      elems = len / esize;
-      const size_t line = std::max<size_t>(1, kLine / esize);
-      const size_t chunk =
-          round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
-      part_begin = std::min(elems, chunk * static_cast<size_t>(me));
-      part_end = std::min(elems, part_begin + chunk);
-    }
+    size_t part_begin = 0, part_end = 0;
+    if (call.kind == Kind::kAllReduce)
+      std::tie(part_begin, part_end) = partition(len / esize, esize);
     if (call.kind == Kind::kAllReduce) {
       // Only what the peers reduce: this rank reads its own partition from its own buffer.
       std::memcpy(my_in, my_data, part_begin * esize);
@@ -1056,8 +1061,9 @@ bool Transport::enable_direct(bool wanted, std::string* why_not) {
     if (const int err = read_from(static_cast<pid_t>(pid), &local, 1, &remote, 1, sizeof(got))) {
       reason = "process_vm_readv of " + who + " failed: " + errno_text(err) +
                (err == EPERM ? " (the kernel allows it only where ptrace is allowed: Yama's "
-                               "ptrace_scope, a seccomp profile or a missing CAP_SYS_PTRACE "
-                               "forbid it)"
+                               "ptrace_scope (sysctl kernel.yama.ptrace_scope=0 allows it), a "
+                               "seccomp profile or a missing CAP_SYS_PTRACE forbid it; "
+                               "DDP_SHM_CMA=0 stops trying)"
                              : "");
       break;
     }
@@ -1104,7 +1110,7 @@ bool Transport::enable_direct(bool wanted, std::string* why_not) {
     peer_pieces_.resize(kMaxSpans);
     return true;
   }
-  char text[256] = {};
+  char text[1024] = {};
   if (first_failed == me) std::snprintf(text, sizeof(text), "%s", reason.c_str());
   broadcast(text, sizeof(text), first_failed);
   if (why_not != nullptr) *why_not = "rank " + std::to_string(first_failed) + ": " + text;
@@ -1150,12 +1156,8 @@ void Transport::run_direct(const Call& call, const std::vector<Span>& spans, dou
   const int n = options_.world_size;
   const int me = options_.rank;
   const size_t esize = dtype_size(call.dtype);
-  begin_call();
-  Control& mine = control_of(base_, me);
-  const int slot = static_cast<int>(slices_ & 1);
-  if (slices_ >= 2) wait_all(step_ - 3, call, "slot reuse");
   // A: this rank's spans. The peers read them during their B, which ends before this
-  // rank's next call begins (it waits for every B below), so one area per rank suffices.
+  // rank's next call begins (it waits for every B), so one area per rank suffices.
   DirectArea& area = direct_area(me);
   area.num_spans = spans.size();
   area.scale = scale;
@@ -1163,19 +1165,10 @@ void Transport::run_direct(const Call& call, const std::vector<Span>& spans, dou
     area.spans[k] = SpanEntry{static_cast<uint64_t>(reinterpret_cast<uintptr_t>(spans[k].data)),
                               static_cast<uint64_t>(spans[k].count)};
   }
-  mine.call[slot].store(call.code(), std::memory_order_relaxed);
-  mine.bytes[slot].store(call.bytes, std::memory_order_relaxed);
-  mine.offset[slot].store(0, std::memory_order_relaxed);
-  publish();
-  wait_all(step_, call, "A");
-  check_same_call(call, slot);
+  enter_unit(call);
 
   // B: partition `me`, chunk by chunk, straight between the ranks' buffers.
-  const size_t elems = call.bytes / esize;
-  const size_t line = std::max<size_t>(1, kLine / esize);
-  const size_t part = round_up((elems + static_cast<size_t>(n) - 1) / static_cast<size_t>(n), line);
-  const size_t begin = std::min(elems, part * static_cast<size_t>(me));
-  const size_t end = std::min(elems, begin + part);
+  const auto [begin, end] = partition(call.bytes / esize, esize);
   if (begin < end) {
     scaled_ = false;
     for (int r = 0; r < n; ++r) {
@@ -1201,10 +1194,7 @@ void Transport::run_direct(const Call& call, const std::vector<Span>& spans, dou
   // The kernel's copies into the peers' memory are stores made on this thread's behalf
   // before its system calls returned; B is published after them with release order, so
   // a peer that sees B sees them.
-  publish();
-  wait_all(step_, call, "B");  // every rank has written its partition into this rank's spans
-  publish();                   // C
-  ++slices_;
+  leave_unit(call);
 }
 
 void Transport::reduce_direct_chunk(const Call& call, size_t begin, size_t end) {

@@ -39,6 +39,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/uio.h>
@@ -240,6 +241,13 @@ class Transport {
   struct Call;
   void run(const Call& call);
   void begin_call();
+  // A collective of three phases that uses a slot only for its description (pool and
+  // direct all-reduces): enter_unit publishes A and waits for every rank's, leave_unit
+  // publishes B, waits for every rank's and publishes C.
+  void enter_unit(const Call& call);
+  void leave_unit(const Call& call);
+  /// This rank's elements [first, second) of `elems`, each partition whole cache lines.
+  std::pair<size_t, size_t> partition(size_t elems, size_t esize) const;
   void run_in_pool(const Call& call);
   void run_direct(const Call& call, const std::vector<Span>& spans, double scale);
   void reduce_direct_chunk(const Call& call, size_t begin, size_t end);

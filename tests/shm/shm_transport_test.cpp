@@ -178,35 +178,7 @@ void pool_all_reduce_matches_the_fold(int world, size_t count, size_t slice) {
                       std::to_string(world) + " ranks: " + std::to_string(bad.load()) + " wrong");
 }
 
-// One rank all-reduces its pool buffer, the other an ordinary buffer: a mismatch on
-// both, not a wrong result.
-void pool_and_plain_calls_are_a_mismatch() {
-  const std::string name = Transport::unique_name();
-  std::vector<std::shared_ptr<SharedPool>> pools(2);
-  pools[0] = SharedPool::create(name, 2, 4096, 1);
-  pools[1] = SharedPool::open(pools[0]->where(), 2, 4096, 1);
-  pools[0]->unlink();
-  std::atomic<int> mismatches{0}, others{0};
-  run_world(2, 4096, std::chrono::seconds(10), [&](Transport& t) {
-    float x[4] = {1, 2, 3, 4};
-    try {
-      if (t.rank() == 0) {
-        t.all_reduce_in_pool(*pools[0], 0, 4, DType::kFloat32, Op::kSum);
-      } else {
-        t.all_reduce(x, 4, DType::kFloat32, Op::kSum);
-      }
-    } catch (const Error& e) {
-      (e.kind() == Error::Kind::kMismatch ? mismatches : others)++;
-    }
-  });
-  check(mismatches >= 1 && mismatches + others == 2,
-        "pool against plain all_reduce: mismatches " + std::to_string(mismatches.load()) +
-            ", other errors " + std::to_string(others.load()));
-}
-
-// Note [Direct all-reduce]: each rank's own vectors, split into spans differently on
-// each rank, all-reduced through the peers' memory; interleaved with ordinary and pool
-// all-reduces, which share the slots.
+// Ranks are threads of this process: each may read and write the others' memory.
 void enable_direct_on_all(Transport& t) {
   for (int r = 0; r < t.world_size(); ++r) {
     if (r != t.rank()) t.set_peer_pid(r, ::getpid());  // ranks are threads of this process
@@ -216,6 +188,43 @@ void enable_direct_on_all(Transport& t) {
         "enable_direct on rank " + std::to_string(t.rank()) + ": " + why);
 }
 
+// Rank 0 makes the call `odd`, rank 1 an ordinary all-reduce of 4 floats: a mismatch on
+// both, not a wrong result.
+void a_mismatch_on_both(const std::string& what, bool direct,
+                        const std::function<void(Transport&, float*)>& odd) {
+  std::atomic<int> mismatches{0}, others{0};
+  run_world(2, 4096, std::chrono::seconds(10), [&](Transport& t) {
+    if (direct) enable_direct_on_all(t);
+    float x[4] = {1, 2, 3, 4};
+    try {
+      if (t.rank() == 0) {
+        odd(t, x);
+      } else {
+        t.all_reduce(x, 4, DType::kFloat32, Op::kSum);
+      }
+    } catch (const Error& e) {
+      (e.kind() == Error::Kind::kMismatch ? mismatches : others)++;
+    }
+  });
+  check(mismatches >= 1 && mismatches + others == 2,
+        what + " against plain all_reduce: mismatches " + std::to_string(mismatches.load()) +
+            ", other errors " + std::to_string(others.load()));
+}
+
+void pool_and_plain_calls_are_a_mismatch() {
+  const std::string name = Transport::unique_name();
+  std::vector<std::shared_ptr<SharedPool>> pools(2);
+  pools[0] = SharedPool::create(name, 2, 4096, 1);
+  pools[1] = SharedPool::open(pools[0]->where(), 2, 4096, 1);
+  pools[0]->unlink();
+  a_mismatch_on_both("pool", false, [&](Transport& t, float*) {
+    t.all_reduce_in_pool(*pools[0], 0, 4, DType::kFloat32, Op::kSum);
+  });
+}
+
+// Note [Direct all-reduce]: each rank's own vectors, split into spans differently on
+// each rank, all-reduced through the peers' memory; interleaved with ordinary and pool
+// all-reduces, which share the slots.
 template <typename T>
 void direct_all_reduce_matches_the_fold(int world, size_t count, size_t chunk_bytes) {
   std::atomic<int> bad{0};
@@ -306,29 +315,10 @@ void direct_is_agreed_by_every_rank() {
   }
 }
 
-// A direct call against a plain one is a mismatch on both ranks.
 void direct_and_plain_calls_are_a_mismatch() {
-  std::atomic<int> mismatches{0}, others{0};
-  Options o;
-  o.world_size = 2;
-  o.slice_bytes = 4096;
-  o.timeout = std::chrono::seconds(10);
-  run_world(o, [&](Transport& t) {
-    enable_direct_on_all(t);
-    float x[4] = {1, 2, 3, 4};
-    try {
-      if (t.rank() == 0) {
-        t.all_reduce_direct({Span{x, 4}}, DType::kFloat32, Op::kSum);
-      } else {
-        t.all_reduce(x, 4, DType::kFloat32, Op::kSum);
-      }
-    } catch (const Error& e) {
-      (e.kind() == Error::Kind::kMismatch ? mismatches : others)++;
-    }
+  a_mismatch_on_both("direct", true, [](Transport& t, float* x) {
+    t.all_reduce_direct({Span{x, 4}}, DType::kFloat32, Op::kSum);
   });
-  check(mismatches >= 1 && mismatches + others == 2,
-        "direct against plain all_reduce: mismatches " + std::to_string(mismatches.load()) +
-            ", other errors " + std::to_string(others.load()));
 }
 
 }  // namespace

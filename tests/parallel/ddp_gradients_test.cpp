@@ -475,7 +475,11 @@ void run_shm_groups(int world, const std::function<void(ddp::ProcessGroup& pg)>&
 
 // Note [Gradients reduced in place]: on shm, with the default hook, every bucket's
 // gradients are all-reduced where they are, and end with the bits that the bucket
-// buffers give (gradient_as_bucket_view keeps the buckets, as a comm hook does).
+// buffers give (gradient_as_bucket_view keeps the buckets, as a comm hook does). The
+// gradients are set to none between iterations, so that gradient_as_bucket_view copies
+// each one into its bucket scaled by 1/n, as the other paths scale it; a gradient that
+// already lives in its bucket is divided by n instead, as in PyTorch, which can round
+// differently.
 TEST(GradientEquivalenceTest, OnSharedMemoryGradientsAreReducedWhereTheyAre) {
   const int world = 3;
   auto x = ddp_test::randn({3, world * kPerRank, 8}, 71);
@@ -498,8 +502,8 @@ TEST(GradientEquivalenceTest, OnSharedMemoryGradientsAreReducedWhereTheyAre) {
                                                   .gradient_as_bucket_view(mode == kAsView)
                                                   .bucket_cap_mb(0.1));  // several buckets
       if (mode == kHook) dmodel->register_comm_hook(ddp::comm_hooks::allreduce_hook());
-      for (int it = 0; it < 3; ++it) {  // the initial bucket, then the rebuilt ones
-        model->zero_grad();
+      for (int it = 0; it < 3; ++it) {           // the initial bucket, then the rebuilt ones
+        model->zero_grad(/*set_to_none=*/true);  // fresh gradients, as LibTorch 2.x's default
         ddp_test::mse(dmodel(ddp_test::shard(x[it], r, kPerRank)),
                       ddp_test::shard(y[it], r, kPerRank))
             .backward();

@@ -390,8 +390,8 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
       std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.in_place; });
   comm_hook_ = std::move(hook);
   custom_hook_ = true;
-  // World size 1 had no bucket buffers, and buckets reduced in place have private ones;
-  // the hook needs buffers that the group reduces (collective, as on every rank).
+  // World size 1 had no bucket buffers, and buckets reduced in place have none of the
+  // group's; the hook needs buffers that the group reduces (collective, as on every rank).
   if (was_local || any_in_place) install_buckets(assignment_);
 }
 

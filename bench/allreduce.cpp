@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -53,15 +54,15 @@ std::string human(int64_t bytes) {
   return buf;
 }
 
-// Median seconds of one all-reduce of `t` on `pg` (the slowest rank's median: a
-// collective ends when its last rank is done).
-double time_all_reduce(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
-  for (int i = 0; i < 3; ++i) pg.all_reduce(t);
+// Median seconds of `call` (a collective on `pg`), after 3 warm-up calls: the slowest
+// rank's median, since a collective ends when its last rank is done.
+double time_calls(ddp::ProcessGroup& pg, int iters, const std::function<void()>& call) {
+  for (int i = 0; i < 3; ++i) call();
   std::vector<double> times;
   for (int i = 0; i < iters; ++i) {
     pg.barrier();
     const auto start = std::chrono::steady_clock::now();
-    pg.all_reduce(t);
+    call();
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -70,28 +71,20 @@ double time_all_reduce(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
   return m.item<double>();
 }
 
-// The same for the direct all-reduce of `t` where it lies (Note [Direct all-reduce]),
-// scaled by 1/n as DDP's gradients are; NaN where the group cannot.
+double time_all_reduce(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
+  return time_calls(pg, iters, [&] { pg.all_reduce(t); });
+}
+
+// The direct all-reduce of `t` where it lies (Note [Direct all-reduce]), scaled by 1/n
+// as DDP's gradients are; NaN where the group cannot.
 double time_in_place(ddp::ProcessGroup& pg, at::Tensor& t, int iters) {
   ddp::detail::Comm& comm = ddp::detail::comm_of(pg);
-  bool can = comm.reduces_in_place(t.scalar_type(), 1);
-  auto agree = at::full({1}, can ? 1.0 : 0.0, at::kDouble);
+  auto agree = at::full({1}, comm.reduces_in_place(t.scalar_type(), 1) ? 1.0 : 0.0, at::kDouble);
   pg.all_reduce(agree, ddp::ReduceOp::MIN);
   if (agree.item<double>() == 0) return std::numeric_limits<double>::quiet_NaN();
   std::vector<at::Tensor> tensors{t};
   const double scale = 1.0 / pg.size();
-  for (int i = 0; i < 3; ++i) comm.all_reduce_in_place(tensors, scale)->wait();
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    pg.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    comm.all_reduce_in_place(tensors, scale)->wait();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  auto m = at::full({1}, median(times), at::kDouble);
-  pg.all_reduce(m, ddp::ReduceOp::MAX);
-  return m.item<double>();
+  return time_calls(pg, iters, [&] { comm.all_reduce_in_place(tensors, scale)->wait(); });
 }
 
 // Median seconds of a memcpy of `bytes` in this process: the ceiling of any transport

@@ -732,6 +732,18 @@ void Transport::raise_abort(Error::Kind kind, int peer, bool local_only) {
   for (int r = 0; r < options_.world_size; ++r) futex_wake_all(&control_of(base_, r).seq);
 }
 
+void Transport::check_stopped(const Call& call, int waiting_for) {
+  if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
+    fail_stopped(aborted, call);
+  }
+  if (local_abort_->load(std::memory_order_acquire)) {
+    fail(Error::Kind::kAborted,
+         "this process group was shut down while " + Call::describe(call.code(), call.bytes) +
+             (waiting_for >= 0 ? " was still waiting for rank " + std::to_string(waiting_for)
+                               : std::string(" was in flight")));
+  }
+}
+
 void Transport::fail_stopped(uint64_t word, const Call& call) {
   // A peer that gave up at its deadline stops this rank's call for the same reason: the
   // rank it waited for did not come in time, which is a timeout here too.
@@ -774,13 +786,7 @@ void Transport::wait_one(int peer, uint32_t target, const Call& call, const char
   auto next_liveness = Clock::now();
   for (;;) {
     const auto now = Clock::now();
-    const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire);
-    if (aborted != 0) fail_stopped(aborted, call);
-    if (local_abort_->load(std::memory_order_acquire)) {
-      fail(Error::Kind::kAborted, "this process group was shut down while " +
-                                      Call::describe(call.code(), call.bytes) +
-                                      " was still waiting for rank " + std::to_string(peer));
-    }
+    check_stopped(call, peer);
     if (now >= deadline_) {
       fail(Error::Kind::kTimeout,
            Call::describe(call.code(), call.bytes) + " timed out after " +
@@ -1051,13 +1057,15 @@ bool Transport::enable_direct(bool wanted, std::string* why_not) {
       reason = "rank " + std::to_string(k) + " is in another pid namespace";
       break;
     }
-    const uint64_t area_offset =
-        direct_areas_offset(n) + static_cast<size_t>(k) * direct_area_bytes();
+    // Where a field of rank `owner`'s area lies in rank k's address space.
+    auto in_their_space = [&](int owner, size_t field) {
+      return reinterpret_cast<void*>(
+          static_cast<uintptr_t>(theirs.base + direct_areas_offset(n) +
+                                 static_cast<size_t>(owner) * direct_area_bytes() + field));
+    };
     uint64_t got = 0;
     iovec local{&got, sizeof(got)};
-    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(theirs.base + area_offset +
-                                                                offsetof(DirectArea, nonce))),
-                 sizeof(got)};
+    iovec remote{in_their_space(k, offsetof(DirectArea, nonce)), sizeof(got)};
     if (const int err = read_from(static_cast<pid_t>(pid), &local, 1, &remote, 1, sizeof(got))) {
       reason = "process_vm_readv of " + who + " failed: " + errno_text(err) +
                (err == EPERM ? " (the kernel allows it only where ptrace is allowed: Yama's "
@@ -1073,9 +1081,7 @@ bool Transport::enable_direct(bool wanted, std::string* why_not) {
     }
     uint64_t token = mine.nonce ^ (static_cast<uint64_t>(k) << 1);
     local = iovec{&token, sizeof(token)};
-    remote.iov_base = reinterpret_cast<void*>(static_cast<uintptr_t>(
-        theirs.base + direct_areas_offset(n) + static_cast<size_t>(me) * direct_area_bytes() +
-        offsetof(DirectArea, probe)));
+    remote.iov_base = in_their_space(me, offsetof(DirectArea, probe));
     if (const int err = write_to(static_cast<pid_t>(pid), &local, 1, &remote, 1, sizeof(token))) {
       reason = "process_vm_writev of " + who + " failed: " + errno_text(err);
       break;
@@ -1180,14 +1186,7 @@ void Transport::run_direct(const Call& call, const std::vector<Span>& spans, dou
     }
     const size_t step = std::max<size_t>(1, direct_chunk_ / esize);
     for (size_t a = begin; a < end; a += step) {
-      // A failed peer may already have released its buffers: write no further.
-      if (const uint64_t aborted = header_of(base_).abort.load(std::memory_order_acquire)) {
-        fail_stopped(aborted, call);
-      }
-      if (local_abort_->load(std::memory_order_acquire)) {
-        fail(Error::Kind::kAborted, "this process group was shut down while " +
-                                        Call::describe(call.code(), call.bytes) + " was in flight");
-      }
+      check_stopped(call, -1);  // a failed peer may have released its buffers: write no more
       reduce_direct_chunk(call, a, std::min(end, a + step));
     }
   }

@@ -259,6 +259,9 @@ class Transport {
   void wait_one(int peer, uint32_t target, const Call& call, const char* phase);
   void check_same_call(const Call& call, int slot);
   [[noreturn]] void fail(Error::Kind kind, const std::string& message, int peer = -1);
+  /// Throws when the group was stopped (another rank failed) or this process shut it
+  /// down, while this rank was in `call` (waiting for rank `waiting_for`, or -1).
+  void check_stopped(const Call& call, int waiting_for);
   /// The group's abort word was set by another rank while this one was in `call`.
   [[noreturn]] void fail_stopped(uint64_t word, const Call& call);
   void raise_abort(Error::Kind kind, int peer, bool local_only);

@@ -178,7 +178,6 @@ class Reducer final : public OutputListener {
   /// The stand-ins of a bucket reduced in place (its views), made on first use.
   const std::vector<at::Tensor>& stand_ins(Bucket& bucket);
   c10::intrusive_ptr<c10::ivalue::Future> reduce_in_place_async(std::vector<at::Tensor> tensors);
-  void write_back_in_place(const Bucket& bucket, const std::vector<int>& global_use);
   void set_divisor_locked(int divisor);
   bool prescaled() const { return !custom_hook_; }
   void maybe_rebuild_buckets();

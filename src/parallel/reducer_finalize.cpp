@@ -140,12 +140,7 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     stats.bucket_bytes.push_back(bucket.bytes());
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;
-    if (use == nullptr) continue;
-    if (bucket.in_place) {
-      write_back_in_place(bucket, *use);
-    } else {
-      write_back(bucket, *use);
-    }
+    if (use != nullptr) write_back(bucket, *use);
   }
 }
 
@@ -190,6 +185,8 @@ void Reducer::bucket_failure(size_t b, c10::ivalue::Future& future) {
 void Reducer::write_back(const Bucket& bucket, const std::vector<int>& global_use) {
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < bucket.params.size(); ++k) {
+    // Note [Gradients reduced in place]: only stand-ins hold a result to copy.
+    if (bucket.in_place && !bucket.staged[k]) continue;
     const size_t i = bucket.params[k];
     if (!global_use.empty() && global_use[i] == 0) continue;  // no rank used it
     at::Tensor& grad = params_[i].mutable_grad();

@@ -4,7 +4,6 @@
 #include "parallel/reducer.h"
 
 #include "core/comm.h"
-#include "parallel/scaled_copy.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -35,7 +34,7 @@ namespace detail {
 // bucket path), a parameter marked unused this iteration (its own .grad() must not
 // change when no rank used it), a gradient that is not contiguous, of another dtype, or
 // that overlaps another gradient of the bucket. Only stand-ins are written back at the
-// end. The buffer is made the first time a stand-in is needed (and under ddp::join, whose
+// end (write_back skips the others). The buffer is made the first time a stand-in is needed (and under ddp::join, whose
 // shadow all-reduces zeros shaped like the gradients), so a model whose gradients all
 // reduce in place has none: no memory, and no hole in the heap that later allocations
 // would fault in page by page.
@@ -55,29 +54,19 @@ bool Reducer::reduces_in_place(const std::vector<size_t>& bucket_params) const {
 std::vector<at::Tensor> Reducer::in_place_inputs(Bucket& bucket) {
   at::NoGradGuard no_grad;
   const size_t n = bucket.params.size();
-  std::vector<at::Tensor> inputs(n);
-  // (start, bytes, position) of each gradient reduced where it is.
+  // (start, bytes, position) of each gradient that can be reduced where it is.
   std::vector<std::tuple<const char*, size_t, size_t>> spans;
   spans.reserve(n);
   for (size_t k = 0; k < n; ++k) {
     const size_t i = bucket.params[k];
     const at::Tensor& grad = params_[i].grad();
-    const bool in_place = grad.defined() && !iter_.unused[i] && grad.device().is_cpu() &&
-                          !grad.is_sparse() && grad.scalar_type() == specs_[i].dtype &&
-                          grad.numel() == specs_[i].numel && grad.is_contiguous();
-    bucket.staged[k] = !in_place;
-    if (in_place) {
-      inputs[k] = grad;
+    const bool fits = grad.defined() && !iter_.unused[i] && grad.device().is_cpu() &&
+                      !grad.is_sparse() && grad.scalar_type() == specs_[i].dtype &&
+                      grad.numel() == specs_[i].numel && grad.is_contiguous();
+    bucket.staged[k] = !fits;
+    if (fits) {
       spans.emplace_back(static_cast<const char*>(grad.data_ptr()),
                          static_cast<size_t>(grad.nbytes()), k);
-      continue;
-    }
-    const at::Tensor& view = stand_ins(bucket)[k];
-    inputs[k] = view;
-    if (grad.defined()) {
-      view.copy_(grad);
-    } else {
-      view.zero_();
     }
   }
   // Two gradients that share memory (a user may assign one tensor to two .grad()s)
@@ -87,10 +76,22 @@ std::vector<at::Tensor> Reducer::in_place_inputs(Bucket& bucket) {
   for (const auto& [start, bytes, k] : spans) {
     if (reach != nullptr && start < reach) {
       bucket.staged[k] = true;
-      inputs[k] = stand_ins(bucket)[k];
-      inputs[k].copy_(params_[bucket.params[k]].grad());
     } else {
       reach = start + bytes;
+    }
+  }
+  std::vector<at::Tensor> inputs(n);
+  for (size_t k = 0; k < n; ++k) {
+    const at::Tensor& grad = params_[bucket.params[k]].grad();
+    if (!bucket.staged[k]) {
+      inputs[k] = grad;
+      continue;
+    }
+    inputs[k] = stand_ins(bucket)[k];
+    if (grad.defined()) {
+      inputs[k].copy_(grad);
+    } else {
+      inputs[k].zero_();
     }
   }
   return inputs;
@@ -108,22 +109,6 @@ c10::intrusive_ptr<c10::ivalue::Future> Reducer::reduce_in_place_async(
     std::vector<at::Tensor> tensors) {
   // The same 1/divisor as the bucket path's scaled copy (Note [Pre-scaled buckets]).
   return comm_of(*pg_).all_reduce_in_place(tensors, 1.0 / divisor_)->future();
-}
-
-void Reducer::write_back_in_place(const Bucket& bucket, const std::vector<int>& global_use) {
-  at::NoGradGuard no_grad;
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    if (!bucket.staged[k]) continue;  // reduced where it is
-    const size_t i = bucket.params[k];
-    if (!global_use.empty() && global_use[i] == 0) continue;  // no rank used it
-    at::Tensor& grad = params_[i].mutable_grad();
-    const at::Tensor& view = bucket.views[k];
-    if (!grad.defined()) {
-      grad = view.clone();  // used on another rank only
-    } else {
-      copy_plain(grad, view);
-    }
-  }
 }
 
 }  // namespace detail

@@ -76,6 +76,7 @@ TEST_P(ZeroEquivalenceTest, TwentyStepsMatchThePlainOptimizerBitForBit) {
     auto zero_ddp = ddp::DistributedDataParallel(zero_model, ddp_options(pg));
     auto plain = zero_test::make_plain(kind, plain_model->parameters());
     auto zero = zero_test::make_zero(kind, zero_model->parameters(), zero_options(pg, sync));
+    std::string first_split;
     for (int64_t step = 0; step < kSteps; ++step) {
       if (step == kSteps / 2) {
         for (torch::optim::Optimizer* opt :
@@ -84,12 +85,29 @@ TEST_P(ZeroEquivalenceTest, TwentyStepsMatchThePlainOptimizerBitForBit) {
           options.set_lr(options.get_lr() / 2);
         }
       }
-      zero_test::train_step(plain_ddp, *plain, pg.rank(), step);
-      zero_test::train_step(zero_ddp, *zero, pg.rank(), step);
+      zero_test::backward_step(plain_ddp, *plain, pg.rank(), step);
+      zero_test::backward_step(zero_ddp, *zero, pg.rank(), step);
+      // Where the two runs part, if they do: in the gradients (DDP) or in the update.
+      if (first_split.empty()) {
+        const std::string grad = zero_test::first_difference(*zero_model, *plain_model, true);
+        if (!grad.empty())
+          first_split = grad + "'s gradient differs first, at step " + std::to_string(step);
+      }
+      plain->step();
+      zero->step();
+      if (first_split.empty()) {
+        const std::string param = zero_test::first_difference(*zero_model, *plain_model, false);
+        if (!param.empty()) {
+          first_split = param + " differs first, after the update of step " + std::to_string(step) +
+                        " (the gradients were equal)";
+        }
+      }
     }
     zero_test::expect_same_params(*zero_model, *plain_model,
-                                  kind + " at rank " + std::to_string(pg.rank()));
+                                  kind + " at rank " + std::to_string(pg.rank()) + " (" +
+                                      (first_split.empty() ? "never split" : first_split) + ")");
     zero_test::expect_same_on_every_rank(pg, *zero_model);
+    zero_test::expect_same_on_every_rank(pg, *plain_model);
   });
 }
 

@@ -86,12 +86,19 @@ inline std::unique_ptr<ddp::ZeroRedundancyOptimizer> make_zero(
   });
 }
 
-/// One training step of a DDP model with `opt`, on rank's batch of `step`.
+/// The gradients of one training step of a DDP model with `opt`, on rank's batch of
+/// `step`: zero_grad, forward and backward, without the optimizer's step.
 template <typename Model>
-void train_step(Model& dmodel, torch::optim::Optimizer& opt, int rank, int64_t step) {
+void backward_step(Model& dmodel, torch::optim::Optimizer& opt, int rank, int64_t step) {
   const auto b = batch(rank, step);
   opt.zero_grad();
   torch::mse_loss(dmodel->forward(b.first), b.second).backward();
+}
+
+/// One training step of a DDP model with `opt`, on rank's batch of `step`.
+template <typename Model>
+void train_step(Model& dmodel, torch::optim::Optimizer& opt, int rank, int64_t step) {
+  backward_step(dmodel, opt, rank, step);
   opt.step();
 }
 
@@ -119,6 +126,20 @@ inline void expect_same_params(const torch::nn::Module& a, const torch::nn::Modu
         << what << ": " << pa[i].key() << " differs by up to "
         << max_diff(pa[i].value(), pb[i].value());
   }
+}
+
+/// The name of the first parameter whose tensor (`what` of it: its value or its
+/// gradient) differs in bits between `a` and `b`, or "" when none does.
+inline std::string first_difference(const torch::nn::Module& a, const torch::nn::Module& b,
+                                    bool grads) {
+  const auto pa = a.named_parameters();
+  const auto pb = b.named_parameters();
+  for (size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
+    const at::Tensor x = grads ? pa[i].value().grad() : pa[i].value();
+    const at::Tensor y = grads ? pb[i].value().grad() : pb[i].value();
+    if (x.defined() != y.defined() || (x.defined() && !same_bits(x, y))) return pa[i].key();
+  }
+  return "";
 }
 
 /// Expects every rank of `pg` to hold the same bits in every parameter of `m`.

@@ -3,6 +3,7 @@
 script does it: init_process_group from the launcher's environment (env://). Where
 the port could be taken by concurrent tests, the test names a shared file instead
 (DDP_TEST_INIT_FILE)."""
+import gc
 import os
 
 import torch
@@ -28,4 +29,12 @@ assert all(torch.equal(g, grad) for g in gathered), "gradients differ between ra
 expected = 2.0 * sum(r + 1 for r in range(world)) / world
 assert torch.allclose(grad, torch.full_like(grad, expected)), (grad, expected)
 print("ddp ok rank %d of %d" % (rank, world), flush=True)
+# PyTorch 2.x's Gloo can abort a process ("terminate called without an active
+# exception") whose group outlives destroy_process_group or whose peer tears down its
+# connections first. So every rank is done before any releases its group, and the DDP
+# wrapper, which holds the group, goes first: the group is then released here, while
+# the interpreter is whole, not at its exit.
+dist.barrier()
+del model
+gc.collect()
 dist.destroy_process_group()

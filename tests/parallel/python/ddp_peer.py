@@ -8,6 +8,7 @@ WORLD * PER_RANK, 8] and [..., 4]), trains the test's MLP with DDP in WORLD proc
 parameters to DIR/py.rank<r>.bin. MODE is default, bucket_view, no_sync or no_sync_view.
 """
 
+import gc
 import os
 import sys
 
@@ -73,8 +74,12 @@ def worker(rank, d, mode, world, per_rank, steps):
         opt.step()
     flat(model).numpy().tofile(os.path.join(d, "py.rank%d.bin" % rank))
     # Every rank is done before any releases its group: PyTorch 2.x's Gloo can abort a
-    # process whose peer tears down its connections while it still has work queued.
+    # process whose peer tears down its connections while it still has work queued. The
+    # DDP wrapper holds the group, so it goes first: the group is released here, not at
+    # the interpreter's exit.
     dist.barrier()
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
 
 

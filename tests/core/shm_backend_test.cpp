@@ -1,6 +1,7 @@
 // The "shm" backend: results against a fold in rank order and exact integer sums, bit
-// equality across ranks, every dtype and op at odd sizes, world sizes 1 to 8, async
-// order, the Gloo fallback, selection, a dead and a stuck peer, and /dev/shm left empty.
+// equality across ranks, every dtype and op at odd sizes, world sizes 1 to 8 and 16, async
+// order, 1 GiB, subgroups, the Gloo fallback, selection, a dead and a stuck peer, and
+// /dev/shm left empty.
 
 #include "support/harness.h"
 
@@ -345,7 +346,52 @@ TEST_P(ShmWorldTest, TensorsReduceInPlaceWithTheBitsOfScaledBuckets) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorldTest, ::testing::Values(1, 2, 3, 5, 8));
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmWorldTest, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 16));
+
+// The largest size the backend promises, 1 GiB of float32 and three elements more (an odd
+// tail past every power of two), with a sum that is exact in float32: the same closed form
+// on both ranks.
+TEST(ShmBackendTest, AGibibyteSumsExactly) {
+  const int64_t n = (int64_t{1} << 28) + 3;
+  const at::Tensor base = at::arange(n, at::kInt).remainder_(1000).to(at::kFloat);
+  run_shm(2, [&](ddp::ProcessGroup& pg) {
+    at::Tensor t = base + static_cast<float>(pg.rank());
+    pg.all_reduce(t);
+    EXPECT_TRUE(at::equal(t, base * 2 + 1)) << "rank " << pg.rank();
+    t = base * static_cast<float>(1 - pg.rank());  // rank 1 holds -base
+    pg.all_reduce(t, ddp::ReduceOp::MAX);
+    EXPECT_TRUE(at::equal(t, base)) << "rank " << pg.rank();
+  });
+}
+
+// Every group decides for itself: ranks {0, 2} and {1, 3} of a world of four each make a
+// group of their own beside the world's, and calls on the three groups interleave, some
+// in flight on two groups at once.
+TEST(ShmBackendTest, SubgroupsGetSharedMemoryOfTheirOwn) {
+  TempDir world_dir, even_dir, odd_dir;
+  ddp_test::run_threads(4, [&](int rank) {
+    auto world = ddp::ProcessGroup::create(shm_init(world_dir, rank, 4));
+    auto sub = ddp::ProcessGroup::create(shm_init(rank % 2 == 0 ? even_dir : odd_dir, rank / 2, 2));
+    EXPECT_EQ(world->backend(), "shm");
+    EXPECT_EQ(sub->backend(), "shm");
+    EXPECT_EQ(sub->rank(), rank / 2);
+    const int partner = rank ^ 2;  // 0 and 2, 1 and 3
+    for (int k = 0; k < 4; ++k) {
+      std::vector<at::Tensor> big{at::full({300001}, static_cast<float>(rank + 1 + k))};
+      at::Tensor small = at::full({1001}, static_cast<float>(rank + 1 + k));
+      ddp::Work w = world->all_reduce_async(big);
+      sub->all_reduce(small);
+      w.wait();
+      // 1 + 2 + 3 + 4 over the world; the two members' values in the subgroup
+      EXPECT_TRUE(at::equal(big[0], at::full({300001}, static_cast<float>(10 + 4 * k))));
+      EXPECT_TRUE(
+          at::equal(small, at::full({1001}, static_cast<float>(rank + partner + 2 + 2 * k))))
+          << "rank " << rank << " step " << k;
+    }
+    sub->barrier();
+    world->barrier();
+  });
+}
 
 TEST(ShmBackendTest, DirectAllReduceCanBeTurnedOff) {
   ::setenv("DDP_SHM_CMA", "0", 1);

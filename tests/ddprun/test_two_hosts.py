@@ -232,6 +232,12 @@ class TwoHostTest(T.DdprunTestCase):
             for rank, (out, rc) in enumerate(results):
                 self.assertEqual(rc, 0, "backend %r, rank %d:\n%s" % (backend, rank, out))
                 self.assertIn("rank %d of 4 (local %d of 2, %s)" % (rank, rank % 2, chosen), out)
+        # "shm" asked for across hosts is an error on every rank that names both hosts.
+        results = self.run_file_store_ranks("shm", private_shm=True, timeout=90)
+        for rank, (out, rc) in enumerate(results):
+            self.assertNotEqual(rc, 0, out)
+            self.assertIn("shared memory needs every rank of the group on one host", out)
+            self.assertIn("rank 0 is on", out)
         # A named interface that does not exist is Gloo's error, on every rank, not a hang.
         results = self.run_file_store_ranks("gloo", {"GLOO_SOCKET_IFNAME": "nosuch0"}, timeout=90)
         for rank, (out, rc) in enumerate(results):

@@ -328,6 +328,19 @@ bool in_dev_shm(const std::string& name) {
   return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
 }
 
+// The permission bits of a segment, reached through its where(): a name in /dev/shm, or
+// "fd:<pid>:<fd>:<inode>" (the creator's descriptor in /proc), or -1 if neither stats.
+int mode_of(const std::string& where) {
+  int pid = 0, fd = 0;
+  unsigned long long ino = 0;
+  const std::string path = std::sscanf(where.c_str(), "fd:%d:%d:%llu", &pid, &fd, &ino) == 3
+                               ? "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd)
+                               : "/dev/shm" + where;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
 // Note [Segments without a name]: a memfd segment never appears in /dev/shm, and once
 // rank 0 has closed its descriptor (unlink), nobody can open it any more, with a message
 // that says why. A named one is in /dev/shm until unlink.
@@ -339,6 +352,14 @@ void segments_leave_nothing_behind() {
   auto root = Transport::create(name, o);
   check(!in_dev_shm(name), "a memfd segment is not in /dev/shm");
   check(root->where().rfind("fd:", 0) == 0, "a memfd segment is reached through a descriptor");
+  check(mode_of(root->where()) == 0600,
+        "a memfd segment is private to its user: mode " + std::to_string(mode_of(root->where())));
+  // Run-unique names: the user, the pid and 64 random bits.
+  const std::string prefix =
+      "/ddp-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-";
+  check(name.rfind(prefix, 0) == 0 && name.size() == prefix.size() + 16 &&
+            Transport::unique_name() != name,
+        "segment names are /ddp-<uid>-<pid>-<64 random bits>: " + name);
   o.rank = 1;
   auto peer = Transport::open(root->where(), o);
   root->unlink();
@@ -353,10 +374,14 @@ void segments_leave_nothing_behind() {
   const std::string pool_name = Transport::unique_name();
   auto pool = SharedPool::create(pool_name, 2, 4096, 3);
   check(!in_dev_shm(pool_name), "a memfd pool is not in /dev/shm");
+  check(mode_of(pool->where()) == 0600,
+        "a memfd pool is private to its user: mode " + std::to_string(mode_of(pool->where())));
   pool->unlink();
   auto named = SharedPool::create(pool_name, 2, 4096, 4, /*named=*/true);
   check(in_dev_shm(pool_name), "a named pool is in /dev/shm until unlink");
   check(named->where() == pool_name, "a named pool is reached through its name");
+  check(mode_of(pool_name) == 0600,
+        "a named pool is private to its user: mode " + std::to_string(mode_of(pool_name)));
   named->unlink();
   check(!in_dev_shm(pool_name), "unlink removes a named pool from /dev/shm");
 }

@@ -6,14 +6,13 @@
 
 namespace {
 
-// The first call of a vectorized math function in a process picks its kernel. With pip
-// torch 2.15 on an AVX-512 machine, two threads making that first call at once can leave
-// one of them computing tanh with an error of up to 5e-5 (about 1000 ulp) instead of
-// 1 ulp, for the rest of the process: seen in 7 of 467 fresh processes of the
-// thread-group checkpoint tests (and 0 of 467 with this warm-up), as one rank's reference
-// gradient parting from the other rank's. Plain PyTorch shows it too, with two Python
-// threads. Each rank of run_threads is a thread, so every such first call is made here,
-// on one thread, before any test starts one.
+// The first call of a vectorized math function in a process sets up its kernel. With pip
+// torch 2.15 on an AVX-512 machine, when two threads make that first call at once, one of
+// them can get a tanh with errors of up to 5e-5 (about 1000 ulp) from that call: seen in
+// 7 of 467 fresh processes of the thread-group checkpoint tests (0 of 467 with this
+// warm-up), as one rank's first forward parting from the other rank's. Plain PyTorch
+// shows it too, with two Python threads. Each rank of run_threads is a thread, so every
+// such first call is made here, on one thread, before any test starts one.
 void warm_up_math_kernels() {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     const at::Tensor x = at::linspace(-3, 3, 4096, at::TensorOptions().dtype(dtype));

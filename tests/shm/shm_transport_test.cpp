@@ -341,6 +341,13 @@ int mode_of(const std::string& where) {
   return static_cast<int>(st.st_mode & 07777);
 }
 
+void check_private(const std::string& where, const std::string& what) {
+  const int mode = mode_of(where);
+  char seen[16];
+  std::snprintf(seen, sizeof seen, "%o", mode);
+  check(mode == 0600, what + " is private to its user (mode 600): mode " + seen);
+}
+
 // Note [Segments without a name]: a memfd segment never appears in /dev/shm, and once
 // rank 0 has closed its descriptor (unlink), nobody can open it any more, with a message
 // that says why. A named one is in /dev/shm until unlink.
@@ -352,8 +359,7 @@ void segments_leave_nothing_behind() {
   auto root = Transport::create(name, o);
   check(!in_dev_shm(name), "a memfd segment is not in /dev/shm");
   check(root->where().rfind("fd:", 0) == 0, "a memfd segment is reached through a descriptor");
-  check(mode_of(root->where()) == 0600,
-        "a memfd segment is private to its user: mode " + std::to_string(mode_of(root->where())));
+  check_private(root->where(), "a memfd segment");
   // Run-unique names: the user, the pid and 64 random bits.
   const std::string prefix =
       "/ddp-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-";
@@ -374,14 +380,12 @@ void segments_leave_nothing_behind() {
   const std::string pool_name = Transport::unique_name();
   auto pool = SharedPool::create(pool_name, 2, 4096, 3);
   check(!in_dev_shm(pool_name), "a memfd pool is not in /dev/shm");
-  check(mode_of(pool->where()) == 0600,
-        "a memfd pool is private to its user: mode " + std::to_string(mode_of(pool->where())));
+  check_private(pool->where(), "a memfd pool");
   pool->unlink();
   auto named = SharedPool::create(pool_name, 2, 4096, 4, /*named=*/true);
   check(in_dev_shm(pool_name), "a named pool is in /dev/shm until unlink");
   check(named->where() == pool_name, "a named pool is reached through its name");
-  check(mode_of(pool_name) == 0600,
-        "a named pool is private to its user: mode " + std::to_string(mode_of(pool_name)));
+  check_private(pool_name, "a named pool");
   named->unlink();
   check(!in_dev_shm(pool_name), "unlink removes a named pool from /dev/shm");
 }

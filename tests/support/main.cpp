@@ -17,6 +17,7 @@ void warm_up_math_kernels() {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     const at::Tensor x = at::linspace(-3, 3, 4096, at::TensorOptions().dtype(dtype));
     const at::Tensor pos = x.abs() + 1;
+    const at::Tensor m = x.view({64, 64});
     (void)at::tanh(x);
     (void)at::sigmoid(x);
     (void)at::exp(x);
@@ -30,10 +31,9 @@ void warm_up_math_kernels() {
     (void)at::rsqrt(pos);
     (void)at::reciprocal(pos);
     (void)at::pow(pos, 1.5);
-    (void)at::softmax(x.view({64, 64}), 1);
-    (void)at::log_softmax(x.view({64, 64}), 1);
+    (void)at::softmax(m, 1);
+    (void)at::log_softmax(m, 1);
     (void)at::gelu(x);
-    const at::Tensor m = x.view({64, 64});
     (void)at::addmm(m, m, m);
     (void)at::conv2d(x.view({1, 4, 32, 32}), at::ones({4, 4, 3, 3}, x.options()));
   }

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
                "  ddprun --nproc-per-node 2 -- fashion_mnist"};
   int64_t epochs = 8, batch_size = 64, seed = 42, train_samples = 0, test_samples = 0;
   double lr = 2e-3;
-  int threads = 0;
+  int threads = 0, timeout_s = 1800;
   std::string backend, data_dir = kDefaultDataDir, run_dir = "runs", name = "fashion_mnist";
   std::string progress_flag = "auto";
   bool resume = false, trace = false, amp = false, sync_bn = false;
@@ -110,8 +110,14 @@ int main(int argc, char** argv) {
                  "follows OMP_NUM_THREADS (ddprun sets it to cores / processes)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--backend", backend, "gloo or nccl; empty: nccl with GPUs, else gloo")
-      ->check(CLI::IsMember({"", "gloo", "nccl"}));
+  app.add_option("--backend", backend,
+                 "gloo, nccl or shm; empty: nccl with GPUs, else shm when every rank is on "
+                 "this host, else gloo")
+      ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
+  app.add_option("--timeout", timeout_s,
+                 "Seconds a rank waits for the others in a collective before it fails")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--data-dir", data_dir, "Folder with the four *-ubyte.gz files")
       ->capture_default_str();
   app.add_option("--train-samples", train_samples,
@@ -154,13 +160,15 @@ int main(int argc, char** argv) {
     const ddp::RankInfo me = ddp::rank_info_from_env();
 
     // Step 3: init_process_group. An empty backend picks "nccl" when this process sees a
-    // GPU and "gloo" otherwise. The guard also destroys the group if we exit by an
-    // error, so no peer is left waiting for us.
+    // GPU; on CPUs, shared memory ("shm") when every rank is on this host, else "gloo".
+    // The guard also destroys the group if we exit by an error, so no peer is left
+    // waiting for us.
     ddp::ProcessGroupGuard group(ddp::InitOptions()
                                      .backend(backend)
                                      .rank(me.rank)
                                      .world_size(me.world_size)
-                                     .local_rank(me.local_rank));
+                                     .local_rank(me.local_rank)
+                                     .timeout(std::chrono::seconds(timeout_s)));
     const int rank = ddp::get_rank();
     const int world_size = ddp::get_world_size();
 
@@ -312,12 +320,16 @@ int main(int argc, char** argv) {
           correct += dmodel->module()->forward(x).argmax(1).eq(y).sum().item<int64_t>();
         }
       }
-      // [loss sum, batches, samples, correct, test images seen] summed over ranks.
+      // [loss sum, batches, samples, correct, test images seen] summed over ranks. The
+      // collective takes tensors on this rank's device (NCCL reads nothing else), so
+      // the host's numbers go there and the sums come back.
       auto totals = torch::tensor({loss_sum, double(batches), double(samples), double(correct),
                                    double(test_end - test_begin)},
-                                  torch::kDouble);
+                                  torch::kDouble)
+                        .to(device);
       ddp::all_reduce(totals, ddp::ReduceOp::SUM);
-      const auto t = totals.accessor<double, 1>();
+      const auto summed = totals.cpu();
+      const auto t = summed.accessor<double, 1>();
       TORCH_INTERNAL_ASSERT(int64_t(t[4]) == test.size(), "evaluated ", t[4], " of ", test.size(),
                             " test images");
 

@@ -12,8 +12,12 @@ namespace amp {
 
 namespace {
 
+bool has_autocast(c10::DeviceType device_type) {
+  return device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA;
+}
+
 void check_device_type(c10::DeviceType device_type, const char* what) {
-  DDP_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA, what,
+  DDP_CHECK(has_autocast(device_type), what,
             ": autocast supports device types cpu and cuda, but got ",
             c10::DeviceTypeName(device_type, /*lower_case=*/true), ".");
 }
@@ -26,6 +30,10 @@ at::ScalarType default_dtype(c10::DeviceType device_type) {
 
 AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions& options)
     : device_type_(device_type) {
+  if (!options.enabled() && !has_autocast(device_type)) {
+    active_ = false;  // nothing to turn off (the device stand-in, docs/gpu.md)
+    return;
+  }
   check_device_type(device_type, "AutocastGuard");
   const at::ScalarType dtype = options.dtype().value_or(default_dtype(device_type));
   DDP_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -43,6 +51,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions&
 }
 
 AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
   // As torch.autocast.__exit__: the weight copies cached in this region are dropped when
   // the outermost region ends, so the next region sees the weights the optimizer updated.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

@@ -23,6 +23,7 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "core/device_standin.h"
 #include "core/hier_comm.h"
 #include "core/host_identity.h"
 #include "core/shm_comm.h"
@@ -32,6 +33,7 @@
 #include <ddp/errors.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -179,6 +181,38 @@ std::optional<std::string> store_try_get_on(c10d::Store& store, const std::strin
   return std::string(bytes.begin(), bytes.end());
 }
 
+// Note [NCCL shutdown]. Gloo's works complete on the host: nothing to do first.
+template <typename PG>
+bool finish_backend(PG&, const std::vector<c10::intrusive_ptr<c10d::Work>>&,
+                    std::chrono::milliseconds) {
+  return false;
+}
+
+#ifdef DDP_WITH_NCCL
+bool finish_backend(c10d::ProcessGroupNCCL& pg,
+                    const std::vector<c10::intrusive_ptr<c10d::Work>>& works,
+                    std::chrono::milliseconds timeout) {
+  bool clean = true;
+  for (const auto& work : works) {
+    try {
+      work->wait(timeout);  // with a timeout: a host wait for the kernel
+    } catch (const std::exception&) {
+      clean = false;
+    }
+  }
+  try {
+    if (clean) {
+      pg.shutdown();
+    } else {
+      pg.abort();
+    }
+  } catch (const std::exception&) {
+    pg.abort();
+  }
+  return true;
+}
+#endif
+
 template <typename PG>
 class C10dComm final : public Comm {
  public:
@@ -249,6 +283,9 @@ class C10dComm final : public Comm {
   void barrier() override {
     c10d::BarrierOptions opts;
     opts.timeout = config_->timeout;
+    // Without device_ids, ProcessGroupNCCL guesses the GPU as rank % device count,
+    // which is not this rank's when processes per host differ from GPUs per host.
+    if (config_->backend == "nccl") opts.device_ids = {config_->local_rank};
     run("barrier", [&] { return pg()->barrier(opts); })->wait();
   }
 
@@ -264,6 +301,15 @@ class C10dComm final : public Comm {
     // sockets; the store goes after the group that uses it. A worker still inside a
     // collective that a peer never joined would hold that join until the timeout, so
     // then the group is left to the process exit instead (see Comm::shutdown).
+    // Note [NCCL shutdown]: a work of NCCL is complete only when its kernel is, which
+    // may be after the host returned from the step that launched it; so NCCL first
+    // waits for its works on the host, then closes its communicators (abort, when a
+    // work failed or timed out), and the group is then released like any other.
+    if (pg_ && finish_backend(*pg_, take_in_flight(), config_->timeout)) {
+      pg_.reset();
+      store_.reset();
+      return;
+    }
     if (pg_ && any_in_flight()) {
       pg_.release();     // deliberately leaked: its threads are still blocked
       store_.release();  // used by the leaked group
@@ -321,6 +367,11 @@ class C10dComm final : public Comm {
     in_flight_.push_back(work);
   }
 
+  std::vector<c10::intrusive_ptr<c10d::Work>> take_in_flight() {
+    std::lock_guard<std::mutex> lock(in_flight_mutex_);
+    return in_flight_;
+  }
+
   bool any_in_flight() {
     std::lock_guard<std::mutex> lock(in_flight_mutex_);
     return std::any_of(in_flight_.begin(), in_flight_.end(),
@@ -339,6 +390,7 @@ class C10dComm final : public Comm {
 class LocalComm final : public Comm {
  public:
   explicit LocalComm(CommConfig config) : Comm(std::move(config)) {}
+  bool trivial() const override { return true; }
   // The same device checks as with peers, so that code that runs at world size 1
   // does not first fail at 2.
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp) override {
@@ -500,7 +552,7 @@ at::Tensor Comm::to_host(const at::Tensor& t) { return t.to(c10::Device(c10::Dev
 
 bool Comm::accepts(const c10::Device& d) const {
   // NCCL reads only this rank's GPU; Gloo reduces host memory and CUDA tensors.
-  if (config_->backend == "nccl") return d == device();
+  if (config_->backend == "nccl" || config_->backend == "standin") return d == device();
   return d.is_cpu() || d.is_cuda();
 }
 
@@ -511,9 +563,12 @@ void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensor
     if (C10_UNLIKELY(!accepts(d))) {
       DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
                 ", but this group's collectives take tensors on ", device(),
-                config_->backend == "nccl" ? " (the \"nccl\" backend reads only the GPU "
-                                             "of this rank's local rank)"
-                                           : "",
+                config_->backend == "nccl"      ? " (the \"nccl\" backend reads only the GPU "
+                                                  "of this rank's local rank)"
+                : config_->backend == "standin" ? " (like \"nccl\", the \"standin\" backend "
+                                                  "reads only this rank's device: a tensor "
+                                                  "made on the host must be moved first)"
+                                                : "",
                 ". Move it first, e.g. t.to(pg.device()).");
     }
     if (C10_UNLIKELY(i > 0 && tensors[0].defined() && d != tensors[0].device())) {
@@ -775,7 +830,7 @@ static void place_from_peers(CommConfig& c, const std::vector<HostIdentity>& ids
   const LocalPlacement p = local_placement(ids, c.rank);
   if (c.local_world_size < 0) c.local_world_size = p.local_world_size;
   if (c.local_rank < 0) c.local_rank = p.local_rank;
-  if (!c.gloo_interface.empty()) return;  // GLOO_SOCKET_IFNAME
+  if (!c.interface_from_peers || !c.gloo_interface.empty()) return;  // GLOO_SOCKET_IFNAME
   std::string error;
   c.gloo_interface = choose_gloo_interface(ids, c.rank, &error);
   if (!error.empty()) {
@@ -791,17 +846,23 @@ static void place_from_peers(CommConfig& c, const std::vector<HostIdentity>& ids
 }
 
 std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
-  if (config.world_size == 1) {
+  if (config.world_size == 1 && !config.single_rank_group) {
     CommConfig c = config;
     if (c.local_rank < 0) c.local_rank = 0;
     if (c.local_world_size < 0) c.local_world_size = 1;
-    return std::make_unique<LocalComm>(c);
+    std::unique_ptr<Comm> local = std::make_unique<LocalComm>(c);
+    return c.backend == "standin" ? make_standin_comm(std::move(local)) : std::move(local);
   }
   CommConfig c = config;
 
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = make_store(c);
+    // A one-rank group meets nobody: a store in this process serves it.
+    if (c.world_size == 1 && c.store == CommConfig::StoreKind::kNone) {
+      store = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      store = make_store(c);
+    }
   } catch (const std::exception& e) {
     const std::string text = cause_text(e);
     const std::string t = lower(text);
@@ -842,6 +903,7 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
       if (auto comm = make_hier(c, store, identities)) return traced(std::move(comm));
     }
     if (c.backend == "gloo") return traced(make_gloo(c, store));
+    if (c.backend == "standin") return traced(make_standin_comm(make_gloo(c, store)));
 #ifdef DDP_WITH_NCCL
     if (c.backend == "nccl") return traced(make_nccl(c, store));
 #endif

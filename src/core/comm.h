@@ -18,7 +18,7 @@ namespace detail {
 /// Where and how the ranks meet. Filled in by rendezvous.cpp from InitOptions and the
 /// environment; consumed by Comm::create.
 struct CommConfig {
-  std::string backend;  // "gloo", "nccl" or "shm"
+  std::string backend;  // "gloo", "nccl", "shm" or "standin"
   // The user left the backend empty on a CPU: Comm::create picks "shm" when every rank
   // is on one host (Note [Same host]), else keeps "gloo".
   bool backend_auto = false;
@@ -27,6 +27,9 @@ struct CommConfig {
   int local_rank = 0;
   int local_world_size = 1;
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // InitOptions::single_rank_group / DDP_SINGLE_RANK_GROUP: at world size 1, a real
+  // one-rank group of the backend instead of LocalComm.
+  bool single_rank_group = false;
 
   enum class StoreKind { kNone, kFile, kTcp };
   StoreKind store = StoreKind::kNone;
@@ -40,8 +43,11 @@ struct CommConfig {
   std::string gloo_interface;
   std::string gloo_address;
   // init_method file://: Comm::create picks the interface (unless GLOO_SOCKET_IFNAME
-  // named one) and, when they are -1, local_rank and local_world_size, from what the
-  // ranks tell each other at the rendezvous (Note [Interface from peers]).
+  // named one) from what the ranks tell each other at the rendezvous (Note [Interface
+  // from peers]).
+  bool interface_from_peers = false;
+  // local_rank and local_world_size, when they are -1, likewise come from the hosts
+  // the ranks report (file://, and env:// or tcp:// without LOCAL_RANK).
   bool placement_from_peers = false;
 
   // Diagnostics (Note [Collective fingerprints], Note [Flight recorder]).
@@ -76,6 +82,11 @@ class Comm {
   virtual ~Comm() = default;
 
   const CommConfig& config() const { return *config_; }
+
+  /// Whether every collective is the identity: the group of one rank that needs no
+  /// backend (LocalComm). Callers may skip work that only matters with peers; a real
+  /// one-rank group (CommConfig::single_rank_group) is not trivial.
+  virtual bool trivial() const { return false; }
   /// Shared with every PendingWork, which may outlive this Comm.
   const std::shared_ptr<const CommConfig>& shared_config() const { return config_; }
 

@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
@@ -32,6 +33,18 @@ std::optional<int> env_int(const char* name) {
   DDP_CHECK(v >= 0, "environment variable ", name, " must be a non-negative integer, but got ", v,
             ". Fix or unset it, or launch with ddprun, which sets it.");
   return static_cast<int>(v);
+}
+
+bool env_flag(const char* name) {
+  auto s = env_string(name);
+  if (!s) return false;
+  std::string v = *s;
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  DDP_CHECK(false, "environment variable ", name, " must be 1 or 0 (true/false, yes/no, on/off), ",
+            "but got '", *s, "'.");
+  return false;
 }
 
 namespace {

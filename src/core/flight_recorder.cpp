@@ -1,5 +1,6 @@
 #include "core/flight_recorder.h"
 
+#include "core/device_event.h"
 #include "core/json_quote.h"
 
 #include <algorithm>
@@ -56,6 +57,7 @@ void FlightRecorder::start(uint64_t seq, const std::string& what) {
   e.end_us = 0;
   e.state = State::kStarted;
   e.error.clear();
+  e.end.reset();
 }
 
 void FlightRecorder::complete(uint64_t seq) {
@@ -67,6 +69,20 @@ void FlightRecorder::complete(uint64_t seq) {
       e->end_us = wall_us();
     }
   }
+}
+
+void FlightRecorder::complete_on_device(uint64_t seq, std::shared_ptr<DeviceEvent> end) {
+  if (!enabled()) return;
+  if (!end) return complete(seq);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(seq)) {
+    if (e->state == State::kStarted) e->end = std::move(end);
+  }
+}
+
+FlightRecorder::State FlightRecorder::current_state(const Entry& e) {
+  if (e.state == State::kStarted && e.end && e.end->done()) return State::kCompleted;
+  return e.state;
 }
 
 void FlightRecorder::fail(uint64_t seq, const std::string& error) {
@@ -96,8 +112,9 @@ std::string FlightRecorder::recent(size_t n) const {
   const int64_t now = wall_us();
   for (size_t i = all.size() > n ? all.size() - n : 0; i < all.size(); ++i) {
     const Entry& e = all[i];
-    os << "\n  #" << e.seq << " " << e.what << ": " << state_name(static_cast<int>(e.state));
-    if (e.state == State::kStarted) {
+    const State state = current_state(e);
+    os << "\n  #" << e.seq << " " << e.what << ": " << state_name(static_cast<int>(state));
+    if (state == State::kStarted) {
       os << " " << (now - e.start_us) / 1000 << " ms ago, not finished";
     }
   }
@@ -120,7 +137,7 @@ std::string FlightRecorder::dump(const std::string& reason) {
     doc << (i == 0 ? "\n  " : ",\n  ") << "{\"seq\": " << e.seq
         << ", \"what\": " << json_quote(e.what) << ", \"start_us\": " << e.start_us
         << ", \"end_us\": " << e.end_us << ", \"state\": \""
-        << state_name(static_cast<int>(e.state)) << "\"";
+        << state_name(static_cast<int>(current_state(e))) << "\"";
     if (!e.error.empty()) doc << ", \"error\": " << json_quote(e.error);
     doc << "}";
   }

@@ -14,12 +14,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace ddp {
 namespace detail {
+
+class DeviceEvent;
 
 class FlightRecorder {
  public:
@@ -29,6 +32,9 @@ class FlightRecorder {
   /// A collective starts: `what` is its fingerprint text ("all_reduce [float 1024]").
   void start(uint64_t seq, const std::string& what);
   void complete(uint64_t seq);
+  /// Note [Device time]: a collective on a GPU is complete when `end` is done, which
+  /// the recorder asks when it reports; until then it shows as started.
+  void complete_on_device(uint64_t seq, std::shared_ptr<DeviceEvent> end);
   void fail(uint64_t seq, const std::string& error);
 
   /// The last `n` entries, one line each, oldest first (for error messages).
@@ -45,7 +51,10 @@ class FlightRecorder {
     int64_t end_us = 0;
     State state = State::kStarted;
     std::string error;
+    std::shared_ptr<DeviceEvent> end;  // complete_on_device: done when this is
   };
+  /// The entry's state as of now (a device entry whose event is done is completed).
+  static State current_state(const Entry& e);
   Entry* find(uint64_t seq);
   std::vector<Entry> ordered() const;
 

@@ -38,8 +38,8 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
   (void)wait_all_ranks;  // every late rank is always named: the store shows them all at once
   DDP_CHECK(timeout.count() > 0, "monitored_barrier timeout must be > 0 ms, but got ",
             timeout.count(), " (rank ", rank(), ")");
-  if (size() == 1) return;
   detail::Comm& c = comm();
+  if (c.trivial()) return;
   const uint64_t n = c.next_monitored_barrier();
   const int me = rank();
   const std::string where = "monitored_barrier #" + std::to_string(n) + " on rank " +

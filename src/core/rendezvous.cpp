@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "core/comm.h"
+#include "core/device_standin.h"
 #include "core/rendezvous.h"
 
 #include <ddp/errors.h>
@@ -218,14 +219,20 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
 
   // Backend.
   c.backend = o.backend();
+  DDP_CHECK(c.backend.empty() || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm",
+            "backend must be \"gloo\", \"nccl\" or \"shm\" (or empty, to choose by what "
+            "is there), but got \"",
+            c.backend, "\".");
+  // Note [Device stand-in]: NCCL's contract on the host, for checks without a GPU.
+  if (env_flag("DDP_DEVICE_STANDIN") && (c.backend.empty() || c.backend == "nccl")) {
+    enable_standin_device();
+    c.backend = "standin";
+  }
   if (c.backend.empty()) {
     c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
     c.backend_auto = c.backend == "gloo";
   }
-  DDP_CHECK(c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm",
-            "backend must be \"gloo\", \"nccl\" or \"shm\" (or empty, to choose by what "
-            "is there), but got \"",
-            c.backend, "\".");
+  c.single_rank_group = o.single_rank_group() || env_flag("DDP_SINGLE_RANK_GROUP");
   DDP_CHECK(c.backend != "nccl" || nccl_compiled(),
             "backend \"nccl\" is not available: this ddp-cpp was built against a "
             "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
@@ -254,8 +261,9 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
             "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
             "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
             "backend to choose by what is there.");
-  c.local_world_size = env.local_world_size > 0 ? env.local_world_size : -1;
-  c.local_rank = o.local_rank() >= 0 ? o.local_rank() : env.local_rank;
+  // Unknown (-1) unless given: then the rendezvous below, or the ranks' hosts, decide.
+  c.local_world_size = from_env && env.local_world_size > 0 ? env.local_world_size : -1;
+  c.local_rank = o.local_rank() >= 0 ? o.local_rank() : from_env ? env.local_rank : -1;
 
   const std::string& m = c.init_method;
   if (m.rfind("file://", 0) == 0) {
@@ -330,7 +338,12 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
     }
   }
   if (c.store == CommConfig::StoreKind::kFile && m.rfind("file://", 0) == 0) {
-    c.placement_from_peers = true;  // interface, and local_rank/local_world_size when -1
+    c.interface_from_peers = true;
+    c.placement_from_peers = true;  // local_rank/local_world_size when -1
+  } else if (c.store == CommConfig::StoreKind::kTcp && c.local_rank < 0) {
+    // Several hosts and no LOCAL_RANK: the ranks of each host are counted from the
+    // hosts they report at the rendezvous, so that each takes a GPU of its own.
+    c.placement_from_peers = true;
   } else {
     if (c.local_world_size < 0) {
       c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;

@@ -17,6 +17,10 @@ std::optional<std::string> env_string(const char* name);
 /// when it is negative or not a number.
 std::optional<int> env_int(const char* name);
 
+/// Whether a switch variable is on: "1", "true", "yes" or "on" (any case). Unset, empty,
+/// "0", "false", "no" and "off" are off; anything else throws, naming the variable.
+bool env_flag(const char* name);
+
 /// Turns options and environment into a complete rendezvous plan (rendezvous.cpp).
 struct CommConfig;
 CommConfig resolve_rendezvous(const InitOptions& options);

@@ -1,5 +1,6 @@
 #include "core/traced_comm.h"
 
+#include "core/device_event.h"
 #include "core/store_wait.h"
 
 #include <ddp/errors.h>
@@ -49,8 +50,8 @@ std::string at_seq(const std::string& call, uint64_t seq) {
 class TracedWork final : public PendingWork {
  public:
   TracedWork(std::shared_ptr<PendingWork> inner, std::shared_ptr<FlightRecorder> recorder,
-             uint64_t seq)
-      : inner_(std::move(inner)), recorder_(std::move(recorder)), seq_(seq) {
+             uint64_t seq, c10::Device device)
+      : inner_(std::move(inner)), recorder_(std::move(recorder)), seq_(seq), device_(device) {
     if (!recorder_->enabled()) return;
     c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
@@ -60,14 +61,16 @@ class TracedWork final : public PendingWork {
     }
     std::weak_ptr<FlightRecorder> weak = recorder_;
     const uint64_t seq_copy = seq;
-    future->addCallback([weak, seq_copy](c10::ivalue::Future& f) {
+    const c10::Device on = device_;
+    future->addCallback([weak, seq_copy, on](c10::ivalue::Future& f) {
       auto rec = weak.lock();
       if (!rec) return;
       if (f.hasError()) {
         rec->fail(seq_copy, f.tryRetrieveErrorMessage());
         rec->dump("collective #" + std::to_string(seq_copy) + " failed");
       } else {
-        rec->complete(seq_copy);
+        // Note [Device time]: the callback's stream waits for the collective.
+        rec->complete_on_device(seq_copy, DeviceEvent::record(on));
       }
     });
   }
@@ -80,7 +83,8 @@ class TracedWork final : public PendingWork {
       recorder_->dump("collective #" + std::to_string(seq_) + " failed: " + e.what());
       throw;
     }
-    recorder_->complete(seq_);
+    // On a GPU the wait only made the current stream wait: an event there ends it.
+    recorder_->complete_on_device(seq_, DeviceEvent::record(device_));
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> future() override { return inner_->future(); }
@@ -89,7 +93,16 @@ class TracedWork final : public PendingWork {
   std::shared_ptr<PendingWork> inner_;
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t seq_;
+  c10::Device device_;
 };
+
+// The device of a collective's tensors (the first defined one), for Note [Device time].
+c10::Device device_of(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined()) return t.device();
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
 
 }  // namespace
 
@@ -119,7 +132,8 @@ TracedComm::TracedComm(std::unique_ptr<Comm> inner)
                                                  config().flight_recorder_dir)) {}
 
 template <typename Launch>
-std::shared_ptr<PendingWork> TracedComm::traced(std::string what, Launch&& launch) {
+std::shared_ptr<PendingWork> TracedComm::traced(std::string what, c10::Device device,
+                                                Launch&& launch) {
   std::lock_guard<std::mutex> lock(launch_mutex_);
   const uint64_t seq = ++seq_;
   if (config().debug_detail) check_fingerprint(seq, what);
@@ -132,40 +146,41 @@ std::shared_ptr<PendingWork> TracedComm::traced(std::string what, Launch&& launc
     recorder_->dump("collective #" + std::to_string(seq) + " failed to start: " + e.what());
     throw;
   }
-  return std::make_shared<TracedWork>(std::move(work), recorder_, seq);
+  return std::make_shared<TracedWork>(std::move(work), recorder_, seq, device);
 }
 
 std::shared_ptr<PendingWork> TracedComm::all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) {
   return traced("all_reduce(" + op_name(op) + ") [" + describe_tensors(tensors) + "]",
-                [&] { return inner_->all_reduce(tensors, op); });
+                device_of(tensors), [&] { return inner_->all_reduce(tensors, op); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::all_reduce_in_place(std::vector<at::Tensor>& tensors,
                                                              double scale) {
-  return traced("all_reduce_in_place(sum) [" + describe_tensors(tensors) + "]",
+  return traced("all_reduce_in_place(sum) [" + describe_tensors(tensors) + "]", device_of(tensors),
                 [&] { return inner_->all_reduce_in_place(tensors, scale); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::broadcast(std::vector<at::Tensor>& tensors, int src) {
   return traced("broadcast [" + describe_tensors(tensors) + "] from rank " + std::to_string(src),
-                [&] { return inner_->broadcast(tensors, src); });
+                device_of(tensors), [&] { return inner_->broadcast(tensors, src); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs) {
-  return traced("all_gather [" + describe_tensors(inputs) + "]",
+  return traced("all_gather [" + describe_tensors(inputs) + "]", device_of(inputs),
                 [&] { return inner_->all_gather(outputs, inputs); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::reduce_scatter_tensor(at::Tensor& output,
                                                                at::Tensor& input, ReduceOp op) {
   return traced("reduce_scatter_tensor(" + op_name(op) + ") [" + describe_tensors({input}) + "]",
+                device_of({input}),
                 [&] { return inner_->reduce_scatter_tensor(output, input, op); });
 }
 
 std::shared_ptr<PendingWork> TracedComm::all_gather_into_tensor(at::Tensor& output,
                                                                 at::Tensor& input) {
-  return traced("all_gather_into_tensor [" + describe_tensors({input}) + "]",
+  return traced("all_gather_into_tensor [" + describe_tensors({input}) + "]", device_of({input}),
                 [&] { return inner_->all_gather_into_tensor(output, input); });
 }
 

@@ -28,6 +28,7 @@ class TracedComm final : public Comm {
   explicit TracedComm(std::unique_ptr<Comm> inner);
 
   c10::Device device() const override { return inner_->device(); }
+  bool trivial() const override { return inner_->trivial(); }
   at::Tensor to_device(const at::Tensor& t) override { return inner_->to_device(t); }
   at::Tensor to_host(const at::Tensor& t) override { return inner_->to_host(t); }
 
@@ -62,7 +63,7 @@ class TracedComm final : public Comm {
 
  private:
   template <typename Launch>
-  std::shared_ptr<PendingWork> traced(std::string what, Launch&& launch);
+  std::shared_ptr<PendingWork> traced(std::string what, c10::Device device, Launch&& launch);
   void check_fingerprint(uint64_t seq, const std::string& what);
   [[noreturn]] void fail_check(uint64_t seq, const std::string& reason, bool timeout);
 

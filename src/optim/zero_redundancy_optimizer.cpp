@@ -4,6 +4,7 @@
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
 #include "core/check.h"
+#include "core/comm.h"
 #include "optim/partition.h"
 
 #include <ATen/ATen.h>
@@ -149,7 +150,7 @@ at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 
 void ZeroRedundancyOptimizer::sync_parameters() {
   const int world = group_->size();
-  if (world == 1) return;
+  if (detail::comm_of(*group_).trivial()) return;
   const int rank = group_->rank();
   at::NoGradGuard no_grad;
   for (const auto& bucket : sync_->buckets) {

@@ -12,6 +12,7 @@
 // ("Can't detach views in-place").
 
 #include "parallel/bucket_assignment.h"
+#include "core/device_event.h"
 #include "parallel/clock.h"
 
 #include <ATen/core/Tensor.h>
@@ -21,16 +22,50 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace ddp {
 namespace detail {
 
 /// Written by the future's completion callback (a communication thread), read by the
-/// end-of-backward callback, hence atomics.
+/// end-of-backward callback, hence atomics and a lock.
 struct BucketTiming {
   std::atomic<int64_t> launch_ns{0};
   std::atomic<int64_t> done_ns{0};
+  // Note [Device time]: a bucket on a GPU is timed by events. `start` is recorded at
+  // launch, before the callback can run; `end` by the callback.
+  std::shared_ptr<DeviceEvent> start;
+
+  void set_end(std::shared_ptr<DeviceEvent> e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    end = std::move(e);
+  }
+  std::shared_ptr<DeviceEvent> end_event() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return end;
+  }
+  /// Whether the reduction has finished; never blocks. On a device, by its events.
+  bool finished(const c10::ivalue::Future& future) {
+    if (!start) return future.completed();
+    auto e = end_event();
+    return e && e->done();
+  }
+  /// Launch to completion in ms; on a device this waits for the end event.
+  double reduction_ms() {
+    if (start) {
+      auto e = end_event();
+      if (!e) return 0;
+      e->synchronize();
+      return e->ms_since(*start);
+    }
+    const int64_t launch = launch_ns.load(), done = done_ns.load();
+    return done != 0 ? static_cast<double>(done - launch) / 1e6 : 0;
+  }
+
+ private:
+  std::mutex mutex;
+  std::shared_ptr<DeviceEvent> end;
 };
 
 struct Bucket {

@@ -1,5 +1,7 @@
 #include "parallel/module_sync.h"
 
+#include "core/comm.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -39,7 +41,7 @@ void broadcast_chunk(ProcessGroup& pg, const std::vector<at::Tensor>& chunk, int
 
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int src,
                          size_t chunk_bytes) {
-  if (pg.size() == 1) return;
+  if (comm_of(pg).trivial()) return;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> chunk;
   size_t bytes = 0;

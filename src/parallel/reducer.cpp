@@ -36,6 +36,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       names_(std::move(names)),
       pg_(std::move(pg)),
       world_size_(pg_->size()),
+      trivial_(comm_of(*pg_).trivial()),
       options_(options),
       trace_(std::move(trace)),
       comm_hook_(comm_hooks::allreduce_hook()) {
@@ -47,8 +48,17 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                   options_.first_bucket_cap_bytes, options_.bucket_cap_bytes));
 }
 
-// The gradient hooks go first, so none can reach a half-destroyed reducer.
-Reducer::~Reducer() { hooks_.reset(); }
+// The gradient hooks go first, so none can reach a half-destroyed reducer. The last
+// iteration's trace, when it waits for device events, is written on the way out.
+Reducer::~Reducer() {
+  hooks_.reset();
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resolve_device_times();
+  } catch (...) {
+    // A device that failed has nothing to add to a trace.
+  }
+}
 
 void Reducer::install_buckets(const BucketAssignment& assignment) {
   assignment_ = assignment;
@@ -337,10 +347,17 @@ void Reducer::launch(size_t b) {
   // that runs late cannot overwrite this one.
   auto timing = std::make_shared<BucketTiming>();
   timing->launch_ns = steady_now_ns();
+  const c10::Device device = params_[bucket.params.front()].device();
+  // Note [Device time]: on a GPU, after the gradients of the bucket on their stream.
+  timing->start = DeviceEvent::record(device);
   bucket.timing = timing;
   auto future = bucket.in_place ? reduce_in_place_async(in_place_inputs(bucket))
                                 : reduce_async(b, bucket.buffer);
-  future->addCallback([timing](c10::ivalue::Future&) { timing->done_ns = steady_now_ns(); });
+  future->addCallback([timing, device](c10::ivalue::Future&) {
+    timing->done_ns = steady_now_ns();
+    // The callback's current stream waits for the collective: an event there ends it.
+    if (timing->start) timing->set_end(DeviceEvent::record(device));
+  });
   bucket.future = std::move(future);
 }
 
@@ -402,6 +419,7 @@ BucketAssignment Reducer::bucket_indices() const {
 
 IterationStats Reducer::last_stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  resolve_device_times();
   return last_stats_;
 }
 

@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -157,7 +158,7 @@ class Reducer final : public OutputListener {
   // reducer.cpp
   /// World size 1 with the default hook: nothing to exchange, so gradients stay where
   /// the engine put them (no bucket copies); every check still runs.
-  bool local() const { return world_size_ == 1 && !custom_hook_; }
+  bool local() const { return trivial_ && !custom_hook_; }
   void check_parameters_unchanged() const;
   void grad_ready(size_t index);
   void all_ready();
@@ -200,8 +201,18 @@ class Reducer final : public OutputListener {
   void end_reduced_iteration(const std::vector<int>& use);
   void write_back(const Bucket& bucket, const std::vector<int>& global_use);
   void reset_iteration();
-  void record_trace(const IterationStats& stats, int64_t forward_end_ns, int64_t finalize_start_ns,
-                    int64_t wait_start_ns, int64_t wait_end_ns);
+  /// What an iteration's stats and trace need once its device events are done (Note
+  /// [Device time]).
+  struct TimedIteration {
+    int64_t forward_end_ns = 0, finalize_start_ns = 0, wait_start_ns = 0, wait_end_ns = 0;
+    std::shared_ptr<DeviceEvent> wait_start;  // null: timed on the host, already known
+    std::vector<std::shared_ptr<BucketTiming>> timings;
+    std::vector<int64_t> bytes;
+    std::vector<size_t> params;
+  };
+  /// Completes last_stats_ (and writes the trace) for the last reduced iteration.
+  void resolve_device_times() const;
+  void record_trace(const IterationStats& stats, const TimedIteration& timed) const;
 
   // reducer_errors.cpp
   std::string where() const;
@@ -223,6 +234,7 @@ class Reducer final : public OutputListener {
   const std::vector<std::string> names_;
   const std::shared_ptr<ProcessGroup> pg_;
   const int world_size_;
+  const bool trivial_;  // the group's collectives do nothing (Comm::trivial)
   const ReducerOptions options_;
   const std::shared_ptr<TraceWriter> trace_;
   std::vector<ParamSpec> specs_;
@@ -252,7 +264,8 @@ class Reducer final : public OutputListener {
   std::vector<int> expected_calls_;  // static_graph: from the first iteration
   std::vector<int> static_global_use_;
   std::string failure_;  // kFailed: what failed
-  IterationStats last_stats_;
+  mutable IterationStats last_stats_;
+  mutable std::optional<TimedIteration> pending_;
 };
 
 }  // namespace detail

@@ -47,6 +47,7 @@ void Reducer::finalize_locked() {
   iter_.callback_queued = false;
   if (iter_.phase != Phase::kReducing) return;  // no gradient reached this backward
   const int64_t finalize_start_ns = steady_now_ns();
+  resolve_device_times();  // the previous iteration's, if it was timed on a device
 
   IterationStats stats;
   stats.iteration = num_reduced_ + 1;
@@ -56,8 +57,9 @@ void Reducer::finalize_locked() {
   stats.buckets_reduced_in_place = static_cast<size_t>(
       std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.in_place; }));
   for (size_t b = 0; b < iter_.next_bucket; ++b) {
-    const auto& future = buckets_[b].future;
-    stats.buckets_done_before_end += future && future->completed() ? 1 : 0;
+    const Bucket& bucket = buckets_[b];
+    stats.buckets_done_before_end +=
+        bucket.future && bucket.timing->finished(*bucket.future) ? 1 : 0;
   }
 
   if (static_first_iteration()) {
@@ -80,15 +82,57 @@ void Reducer::finalize_locked() {
   // World size 1 with the default hook has nothing to wait for (and no clock to read).
   const bool local_only = local();
   const int64_t wait_start_ns = local_only ? finalize_start_ns : steady_now_ns();
+  // Note [Device time]: where backward's stream reaches the end of backward.
+  std::shared_ptr<DeviceEvent> wait_start =
+      local_only ? nullptr : DeviceEvent::record(params_.front().device());
   const std::vector<int> use = global_use();
   wait_for_buckets(stats, &use);
   const int64_t wait_end_ns = local_only ? wait_start_ns : steady_now_ns();
   stats.wait_ms = ms_between(wait_start_ns, wait_end_ns);
   end_reduced_iteration(use);
-  const int64_t forward_end_ns = iter_.forward_end_ns;
+  TimedIteration timed;
+  timed.forward_end_ns = iter_.forward_end_ns;
+  timed.finalize_start_ns = finalize_start_ns;
+  timed.wait_start_ns = wait_start_ns;
+  timed.wait_end_ns = wait_end_ns;
+  timed.wait_start = std::move(wait_start);
+  for (const Bucket& bucket : buckets_) {
+    timed.timings.push_back(bucket.timing);
+    timed.bytes.push_back(bucket.bytes());
+    timed.params.push_back(bucket.params.size());
+  }
   reset_iteration();
   last_stats_ = stats;
-  if (trace_) record_trace(stats, forward_end_ns, finalize_start_ns, wait_start_ns, wait_end_ns);
+  pending_ = std::move(timed);
+  // On the CPU every time is known now; on a device the events are read when asked
+  // for (last_stats) or at the next iteration's end, so that nothing waits for them.
+  if (!pending_->wait_start) resolve_device_times();
+}
+
+void Reducer::resolve_device_times() const {
+  if (!pending_) return;
+  TimedIteration timed = std::move(*pending_);
+  pending_.reset();
+  IterationStats& stats = last_stats_;
+  if (timed.wait_start) {
+    stats.allreduce_total_ms = 0;
+    stats.bucket_allreduce_ms.clear();
+    double last_end_ms = 0;  // the latest bucket end, from the wait_start event
+    for (const auto& timing : timed.timings) {
+      if (timing->launch_ns.load() == 0 || !timing->start) continue;
+      const double ms = timing->reduction_ms();
+      timing->done_ns = timing->launch_ns.load() + static_cast<int64_t>(ms * 1e6);
+      stats.bucket_allreduce_ms.push_back(ms);
+      stats.allreduce_total_ms += ms;
+      if (auto end = timing->end_event()) {
+        last_end_ms = std::max(last_end_ms, end->ms_since(*timed.wait_start));
+      }
+    }
+    // How long the end of backward waited on the device for communication.
+    stats.wait_ms = last_end_ms;
+    timed.wait_end_ns = timed.wait_start_ns + static_cast<int64_t>(last_end_ms * 1e6);
+  }
+  if (trace_) record_trace(stats, timed);
 }
 
 void Reducer::end_reduced_iteration(const std::vector<int>& use) {
@@ -125,7 +169,6 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     Bucket& bucket = buckets_[b];
     if (!bucket.future) continue;
     bucket.future->wait();
-    const int64_t now = steady_now_ns();
     if (bucket.in_place) {
       bucket_failure(b, *bucket.future);  // the gradients hold the result
     } else {
@@ -135,8 +178,8 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
         bucket.buffer.copy_(result.reshape({-1}));
       }
     }
-    const int64_t done = bucket.timing->done_ns.load();
-    const double ms = ms_between(bucket.timing->launch_ns.load(), done != 0 ? done : now);
+    // On a device this is only known later: resolve_device_times().
+    const double ms = bucket.timing->start ? 0 : bucket.timing->reduction_ms();
     stats.bucket_bytes.push_back(bucket.bytes());
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;
@@ -219,25 +262,27 @@ void Reducer::reset_iteration() {
   }
 }
 
-void Reducer::record_trace(const IterationStats& stats, int64_t forward_end_ns,
-                           int64_t finalize_start_ns, int64_t wait_start_ns, int64_t wait_end_ns) {
+void Reducer::record_trace(const IterationStats& stats, const TimedIteration& timed) const {
+  const int64_t forward_end_ns = timed.forward_end_ns;
+  const int64_t finalize_start_ns = timed.finalize_start_ns;
+  const int64_t wait_start_ns = timed.wait_start_ns;
+  const int64_t wait_end_ns = timed.wait_end_ns;
   const std::string iter = "\"iteration\":" + std::to_string(stats.iteration);
   trace_->complete(
       "backward", kMainTrack, trace_us(forward_end_ns), (finalize_start_ns - forward_end_ns) / 1000,
       iter +
           ",\"buckets_launched_before_end\":" + std::to_string(stats.buckets_launched_before_end) +
           ",\"buckets_done_before_end\":" + std::to_string(stats.buckets_done_before_end));
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bucket = buckets_[b];
+  for (size_t b = 0; b < timed.timings.size(); ++b) {
     trace_->name_track(kBucketTrack + static_cast<int>(b), "bucket " + std::to_string(b));
-    const int64_t launch = bucket.timing->launch_ns.load();
+    const int64_t launch = timed.timings[b]->launch_ns.load();
     if (launch == 0) continue;  // world size 1: nothing was sent
-    const int64_t done = bucket.timing->done_ns.load();
+    const int64_t done = timed.timings[b]->done_ns.load();
     trace_->complete("all_reduce", kBucketTrack + static_cast<int>(b), trace_us(launch),
                      ((done != 0 ? done : wait_end_ns) - launch) / 1000,
                      iter + ",\"bucket\":" + std::to_string(b) +
-                         ",\"bytes\":" + std::to_string(bucket.bytes()) +
-                         ",\"parameters\":" + std::to_string(bucket.params.size()) +
+                         ",\"bytes\":" + std::to_string(timed.bytes[b]) +
+                         ",\"parameters\":" + std::to_string(timed.params[b]) +
                          ",\"hook\":" + json_quote(comm_hook_->name()));
   }
   trace_->complete("backward.wait", kMainTrack, trace_us(wait_start_ns),

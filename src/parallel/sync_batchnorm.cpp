@@ -91,7 +91,9 @@ std::shared_ptr<ProcessGroup> SyncBatchNormImpl::group_for_forward() const {
     if (!is_initialized()) return nullptr;  // a single process
     group = default_group();
   }
-  return group->size() > 1 ? group : nullptr;
+  // One rank without a backend (world size 1): plain BatchNorm, as in PyTorch. A real
+  // one-rank group (InitOptions::single_rank_group) still goes through its backend.
+  return detail::comm_of(*group).trivial() ? nullptr : group;
 }
 
 // Note [Channel handshake]

@@ -90,8 +90,10 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const std::vector<int64_t> dims = reduced_dims(input);
     const at::Tensor dy = grad_outputs[0].contiguous();
     const at::Tensor xmu = input - per_channel(mean, dim);
-    // This rank's sums (zeros for an empty batch).
-    at::Tensor sum_dy = dy.sum(dims);
+    // This rank's sums (zeros for an empty batch), in the statistics' dtype: float32 for
+    // half and bfloat16 inputs, as PyTorch's batch_norm_backward_reduce. Summed in half
+    // precision, gradients scaled by a GradScaler (2^16) overflow into false infs.
+    at::Tensor sum_dy = at::sum(dy, dims, /*keepdim=*/false, mean.scalar_type());
     at::Tensor sum_dy_xmu = (dy * xmu).sum(dims);
 
     at::Tensor grad_input, grad_weight, grad_bias;

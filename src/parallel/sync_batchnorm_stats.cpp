@@ -37,7 +37,11 @@ GlobalBatchStats gather_batch_stats(const at::Tensor& input, ProcessGroup& group
   at::Tensor row = at::zeros({2 * channels + 1}, input.options().dtype(at::kDouble));
   if (local_count > 0) {
     const std::vector<int64_t> dims = reduced_dims(input);
-    auto var_mean = at::var_mean(input, dims, /*unbiased=*/false, /*keepdim=*/false);
+    // Half and bfloat16 inputs in float32, as PyTorch's batch_norm_stats computes them:
+    // a mean rounded to 8 or 11 bits, or a float16 variance past 65504, would be wrong.
+    const bool reduced = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+    auto var_mean = at::var_mean(reduced ? input.to(at::kFloat) : input, dims, /*unbiased=*/false,
+                                 /*keepdim=*/false);
     row.narrow(0, 0, channels).copy_(std::get<1>(var_mean));
     row.narrow(0, channels, channels).copy_(std::get<0>(var_mean));
     row.narrow(0, 2 * channels, 1).fill_(static_cast<double>(local_count));

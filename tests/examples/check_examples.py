@@ -16,6 +16,10 @@
       holds the (disabled) scaler's state as Python's GradScaler.state_dict() would; the
       weights are float32 and finite.
 
+  check_examples.py standin DDPRUN FASHION_MNIST WORKDIR
+      The GPU path on a CPU: 2 ranks with DDP_DEVICE_STANDIN=1 (NCCL's rules on a
+      stand-in device) train 1 epoch with --sync-bn and must end normally.
+
   check_examples.py minimal DDPRUN MINIMAL
       examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
       loss, and the loss falls.
@@ -248,6 +252,28 @@ def cmd_amp(ddprun, binary, work):
     print("OK")
 
 
+def cmd_standin(ddprun, binary, work):
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    args = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "1", "--sync-bn",
+            "--train-samples", "256", "--test-samples", "64", "--batch-size", "32",
+            "--threads", "1", "--run-dir", work, "--name", "t", "--progress", "none"]
+    env = dict(os.environ, DDP_DEVICE_STANDIN="1")
+    print("$ DDP_DEVICE_STANDIN=1", " ".join(args), flush=True)
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=240, env=env)
+    if p.returncode != 0:
+        fail(f"exit code {p.returncode}, expected 0", p.stdout)
+    for needle in ["backend standin, device standin:0", "[rank 0]: epoch 1/1  train loss",
+                   "[rank 0]: done:"]:
+        if needle not in p.stdout:
+            fail(f"output lacks {needle!r}", p.stdout)
+    metrics = read_metrics(os.path.join(work, "t", "metrics.jsonl"))
+    if [m["epoch"] for m in metrics] != [1] or metrics[0]["world_size"] != 2:
+        fail(f"metrics.jsonl: {metrics}, expected one record for epoch 1, world_size 2")
+    print("OK")
+
+
 def cmd_minimal(ddprun, binary):
     code, out = run([ddprun, "--nproc-per-node", "2", "--", binary], timeout=80)
     if code != 0:
@@ -329,6 +355,8 @@ if __name__ == "__main__":
         cmd_run(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "amp":
         cmd_amp(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "standin":
+        cmd_standin(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "minimal":
         cmd_minimal(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "data-errors":

@@ -361,6 +361,44 @@ TEST(SyncBatchNormCommTest, SubgroupsNormaliseOnlyTheirOwnRanks) {
   });
 }
 
+// ---- Reduced precision ---------------------------------------------------------------
+
+TEST(SyncBatchNormPrecisionTest, BFloat16InputGivesTheFloat32ResultWithFloat32Statistics) {
+  // A mean of about 300, which bfloat16 holds only to a step of 2, and output gradients
+  // of about 100 with a spread of 1: a mean taken in bfloat16, or backward's sums taken
+  // in bfloat16, is off by far more than rounding the results to bfloat16 is (PyTorch's
+  // batch_norm_stats and batch_norm_backward_reduce return float32 for these inputs).
+  constexpr int kWorld = 2;
+  ddp_test::run_thread_groups(kWorld, [&](ddp::ProcessGroup& pg) {
+    const int rank = pg.rank();
+    const at::Tensor x16 =
+        (300 + ddp_test::randn({8, kChannels, 16}, 40 + rank) * 0.5).to(at::kBFloat16);
+    const at::Tensor dy16 =
+        (100 + ddp_test::randn({8, kChannels, 16}, 50 + rank)).to(at::kBFloat16);
+    ddp::SyncBatchNorm half(ddp::SyncBatchNormOptions(kChannels).process_group(borrow(pg)));
+    ddp::SyncBatchNorm full(ddp::SyncBatchNormOptions(kChannels).process_group(borrow(pg)));
+    init_state(half);
+    init_state(full);
+    const at::Tensor xh = x16.clone().requires_grad_(true);
+    const at::Tensor xf = x16.to(at::kFloat).requires_grad_(true);
+    const at::Tensor yh = half(xh), yf = full(xf);
+    EXPECT_EQ(yh.scalar_type(), at::kBFloat16);
+    (yh.to(at::kFloat) * dy16.to(at::kFloat)).sum().backward();
+    (yf * dy16.to(at::kFloat)).sum().backward();
+    // bfloat16 keeps 8 bits: results of magnitude up to ~5 round by up to 2^-6 of it.
+    auto close = [](const at::Tensor& got, const at::Tensor& want, const char* what) {
+      const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+      const double worst = ((g - w).abs() - 0.02 * (1 + w.abs())).max().item<double>();
+      EXPECT_LE(worst, 0.0) << what << ": bfloat16 differs from float32 by up to "
+                            << (g - w).abs().max().item<double>();
+    };
+    close(yh, yf, "output");
+    close(xh.grad(), xf.grad(), "input gradient");
+    close(half->running_mean, full->running_mean, "running mean");
+    close(half->running_var, full->running_var, "running variance");
+  });
+}
+
 // ---- Errors -----------------------------------------------------------------------------
 
 TEST(SyncBatchNormErrorsTest, LocalMistakesNameWhatWasExpected) {

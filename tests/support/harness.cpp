@@ -145,14 +145,20 @@ void run_threads(int world, const std::function<void(int)>& fn) {
     });
   }
   for (auto& t : threads) t.join();
+  // Every failing rank is named: the first rank's error is often only the consequence
+  // of another rank's (a peer that left the group).
+  std::string all;
   for (int r = 0; r < world; ++r) {
     if (!eptrs[r]) continue;
     try {
       std::rethrow_exception(eptrs[r]);
+    } catch (const c10::Error& e) {
+      all += (all.empty() ? "" : "\n") + ("rank " + std::to_string(r) + ": ") + e.msg();
     } catch (const std::exception& e) {
-      throw std::runtime_error("rank " + std::to_string(r) + ": " + e.what());
+      all += (all.empty() ? "" : "\n") + ("rank " + std::to_string(r) + ": ") + e.what();
     }
   }
+  if (!all.empty()) throw std::runtime_error(all);
 }
 
 void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup&)>& fn,

@@ -1,6 +1,8 @@
 // Test main: a child started by run_processes runs its scenario instead of the tests.
 #include "support/harness.h"
 
+#include "../../src/core/device_standin.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -44,6 +46,9 @@ void warm_up_math_kernels() {
 int main(int argc, char** argv) {
   int code = 0;
   if (ddp_test::maybe_run_scenario(&code)) return code;
+  // The autograd engine counts devices at the process's first backward: the stand-in
+  // (Note [Device stand-in]) must exist before any test runs one.
+  if (ddp::detail::standin_supported()) ddp::detail::enable_standin_device();
   warm_up_math_kernels();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -1,73 +1,128 @@
-// The GPU checks of scripts/gpu-check, as one program run under ddprun.
+// The checks of scripts/gpu-check, as one program run under ddprun. Each case trains a
+// wrapped model and the same model without ddp-cpp, from the same weights on the same
+// device, and compares them; it prints one line ("case <name>: ok ..." or "FAILED ...")
+// and the program exits 1 if any case failed.
 //
-//   --check ws1     one rank: DDP must give the same gradients as plain training, and
-//                   its per-iteration overhead is measured (median of repeats).
-//   --check ranks   N ranks: each rank's DDP gradient must equal the gradient of the
-//                   whole concatenated batch computed by one process.
+//   --suite single   one rank over a real one-rank group (InitOptions::single_rank_group),
+//                    so that DDP's buckets and hooks, SyncBatchNorm, the GradScaler,
+//                    ZeRO, barriers and Join all go through the backend; and DDP's
+//                    per-step overhead over plain training (median of interleaved steps).
+//   --suite ranks    N ranks: gradients against one process on the whole batch, then
+//                    SyncBatchNorm and mixed precision with the GradScaler the same way.
+//   --suite stream   one rank, forward and backward on a side CUDA stream.
 //
-// --device cpu|cuda and --backend gloo|nccl choose the path, so the same checks also run
-// on CPU machines (where scripts/test builds this program).
+// The device is the group's (cuda:<local rank> under nccl, the stand-in device under
+// DDP_DEVICE_STANDIN=1); under gloo with GPUs, cuda:<local rank % GPUs>, so that several
+// ranks can share one GPU; else the CPU.
 
 #include <ddp/ddp.h>
 
 #include <torch/torch.h>
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace {
 
 struct NetImpl : torch::nn::Module {
-  NetImpl() {
+  explicit NetImpl(bool unused_branch = false) {
     fc1 = register_module("fc1", torch::nn::Linear(256, 512));
     fc2 = register_module("fc2", torch::nn::Linear(512, 512));
     fc3 = register_module("fc3", torch::nn::Linear(512, 10));
+    if (unused_branch) spare = register_module("spare", torch::nn::Linear(512, 10));
   }
   torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, spare{nullptr};
 };
 TORCH_MODULE(Net);
 
+// A convolution and a batch norm (SyncBatchNorm or BatchNorm2d), then a classifier.
+struct ConvNetImpl : torch::nn::Module {
+  explicit ConvNetImpl(bool sync) {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3)));
+    if (sync) {
+      sbn = register_module("bn", ddp::SyncBatchNorm(8));
+    } else {
+      bn = register_module("bn", torch::nn::BatchNorm2d(8));
+    }
+    fc = register_module("fc", torch::nn::Linear(8 * 6 * 6, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = conv(x);
+    x = sbn ? sbn(x) : bn(x);
+    return fc(torch::relu(x).flatten(1));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  ddp::SyncBatchNorm sbn{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
 // Deterministic weights, independent of the RNG, identical on every rank.
-void fill_weights(Net& net) {
+void fill_weights(torch::nn::Module& net) {
   torch::NoGradGuard no_grad;
   int64_t k = 0;
-  for (auto& p : net->parameters()) {
+  for (auto& p : net.parameters()) {
     auto v = torch::arange(p.numel(), torch::kFloat).add_(static_cast<double>(++k));
     p.copy_(torch::sin(v).mul_(0.05).view_as(p));
   }
 }
 
-// Batch `index` of the synthetic data: a closed form, so any rank can build any batch.
-std::pair<torch::Tensor, torch::Tensor> batch(int64_t index, int64_t size) {
-  auto base = torch::arange(index * size * 256, (index + 1) * size * 256, torch::kFloat);
-  auto x = torch::cos(base * 0.37).view({size, 256});
+// Batch `index`: a closed form, so any rank can build any batch. `images`: [B,3,8,8].
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t index, int64_t size, bool images = false) {
+  const int64_t features = images ? 3 * 8 * 8 : 256;
+  auto base = torch::arange(index * size * features, (index + 1) * size * features, torch::kFloat);
+  auto x = torch::cos(base * 0.37).view({size, features});
+  if (images) x = x.view({size, 3, 8, 8});
   auto y = torch::arange(index * size, (index + 1) * size, torch::kLong).remainder(10);
   return {x, y};
 }
 
+// max |a - b| over every pair, relative to the largest |b| of all of them (a gradient
+// that should be zero, such as a bias before a batch norm, is rounding noise on both
+// sides). Undefined pairs must match.
 double max_rel_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
+  double worst = 0, scale = 1e-12;
   for (size_t i = 0; i < a.size(); ++i) {
-    auto diff = (a[i].cpu() - b[i].cpu()).abs().max().item<double>();
-    auto scale = std::max(b[i].cpu().abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, diff / scale);
+    if (a[i].defined() != b[i].defined()) return 1e30;
+    if (!a[i].defined()) continue;
+    const auto x = a[i].detach().cpu().to(torch::kDouble),
+               y = b[i].detach().cpu().to(torch::kDouble);
+    scale = std::max(scale, y.abs().max().item<double>());
+    worst = std::max(worst, (x - y).abs().max().item<double>());
   }
-  return worst;
+  return worst / scale;
 }
 
-std::vector<torch::Tensor> grads(Net& net) {
+std::vector<torch::Tensor> grads(torch::nn::Module& net) {
   std::vector<torch::Tensor> g;
-  for (auto& p : net->parameters()) g.push_back(p.grad().detach().clone());
+  for (auto& p : net.parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : p.grad());
   return g;
 }
 
-void sync(const torch::Device& device) {
+std::vector<torch::Tensor> params(torch::nn::Module& net) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : net.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void synchronize(const torch::Device& device) {
+#ifdef DDP_WITH_CUDA
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
 }
 
 double median(std::vector<double> v) {
@@ -75,92 +130,445 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ddp-cpp GPU checks (run under ddprun)"};
-  std::string check = "ws1", device_name = "cuda", backend = "nccl";
-  int64_t batch_size = 64;
-  int iters = 200;
-  app.add_option("--check", check, "ws1 or ranks")->capture_default_str();
-  app.add_option("--device", device_name, "cuda or cpu")->capture_default_str();
-  app.add_option("--backend", backend, "nccl or gloo")->capture_default_str();
-  app.add_option("--batch-size", batch_size, "per rank")->capture_default_str();
-  app.add_option("--iters", iters, "timed iterations (ws1)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-
-  ddp::ProcessGroupGuard guard(ddp::InitOptions().backend(backend));
-  const int rank = ddp::get_rank(), world = ddp::get_world_size();
-  const torch::Device device = device_name == "cuda"
-                                   ? torch::Device(torch::kCUDA, ddp::get_local_rank())
-                                   : torch::Device(torch::kCPU);
-  if (device.is_cuda()) {
-    TORCH_CHECK(torch::cuda::is_available(), "--device cuda, but no CUDA device is visible");
+// The cases of one suite, each printed and counted.
+class Cases {
+ public:
+  explicit Cases(int rank) : rank_(rank) {}
+  /// `body` returns its detail text; it throws, or returns a text starting with
+  /// "FAILED", to fail.
+  void run(const std::string& name, const std::function<std::string()>& body) {
+    std::string detail;
+    bool ok = true;
+    try {
+      detail = body();
+      ok = detail.rfind("FAILED", 0) != 0;
+    } catch (const c10::Error& e) {
+      ok = false;
+      detail = std::string("FAILED: ") + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      ok = false;
+      detail = std::string("FAILED: ") + e.what();
+    }
+    failed_ += ok ? 0 : 1;
+    if (rank_ == 0 || !ok) {
+      const bool skipped = detail.rfind("skipped", 0) == 0;
+      std::printf("gpu_check: case %s: %s%s\n", name.c_str(), ok && !skipped ? "ok " : "",
+                  detail.c_str());
+      std::fflush(stdout);
+    }
   }
+  int failed() const { return failed_; }
 
-  Net plain, wrapped_inner;
-  fill_weights(plain);
-  fill_weights(wrapped_inner);
+ private:
+  int rank_;
+  int failed_ = 0;
+};
+
+std::string verdict(double diff, double tolerance, const std::string& what) {
+  char text[200];
+  std::snprintf(text, sizeof(text), "%s%s differs by %.3g (tolerance %.3g)",
+                diff <= tolerance ? "" : "FAILED: ", what.c_str(), diff, tolerance);
+  return text;
+}
+
+// ---- One rank: every DDP feature through the backend --------------------------------
+
+// Trains `steps` SGD steps of DDP (configured by `setup`) and of the plain model side by
+// side; returns the largest relative difference of gradients, then of parameters.
+double train_against_plain(const torch::Device& device, int steps,
+                           const ddp::DistributedDataParallelOptions& options,
+                           const std::function<void(ddp::DistributedDataParallel<Net>&)>& setup,
+                           bool unused_branch = false) {
+  Net plain(unused_branch), inner(unused_branch);
+  fill_weights(*plain);
+  fill_weights(*inner);
   plain->to(device);
-  wrapped_inner->to(device);
-  ddp::DistributedDataParallelOptions opts;
-  if (device.is_cuda()) opts.device_ids({device.index()});
-  auto dmodel = ddp::DistributedDataParallel(wrapped_inner, opts);
+  inner->to(device);
+  auto dmodel = ddp::DistributedDataParallel(inner, options);
+  if (setup) setup(dmodel);
+  torch::optim::SGD sgd_plain(plain->parameters(), 0.1), sgd_ddp(dmodel->parameters(), 0.1);
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s, 32);
+    x = x.to(device);
+    y = y.to(device);
+    sgd_plain.zero_grad();
+    sgd_ddp.zero_grad();
+    torch::nn::functional::cross_entropy(plain(x), y).backward();
+    torch::nn::functional::cross_entropy(dmodel(x), y).backward();
+    worst = std::max(worst, max_rel_diff(grads(*inner), grads(*plain)));
+    sgd_plain.step();
+    sgd_ddp.step();
+  }
+  return std::max(worst, max_rel_diff(params(*inner), params(*plain)));
+}
 
-  if (check == "ws1") {
-    auto [x, y] = batch(0, batch_size);
+void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
+  ddp::DistributedDataParallelOptions base;
+  if (device.is_cuda()) base.device_ids({device.index()});
+  auto small_buckets = base;
+  small_buckets.bucket_cap_mb(0.25);  // about 6 buckets for this 1.6 MB model
+
+  cases.run("DDP buckets", [&] {
+    return verdict(train_against_plain(device, 3, small_buckets, nullptr), 1e-6,
+                   "3 steps (bucket rebuild included) against plain training:");
+  });
+  cases.run("fp16 compress hook", [&] {
+    return verdict(train_against_plain(device, 2, small_buckets,
+                                       [](ddp::DistributedDataParallel<Net>& m) {
+                                         m->register_comm_hook(
+                                             ddp::comm_hooks::fp16_compress_hook());
+                                       }),
+                   2e-3, "gradients in float16 on the wire:");
+  });
+  cases.run("bf16 compress hook", [&] {
+    return verdict(train_against_plain(device, 2, small_buckets,
+                                       [](ddp::DistributedDataParallel<Net>& m) {
+                                         m->register_comm_hook(
+                                             ddp::comm_hooks::bf16_compress_hook());
+                                       }),
+                   1.6e-2, "gradients in bfloat16 on the wire:");
+  });
+  cases.run("find_unused_parameters", [&] {
+    auto o = small_buckets;
+    o.find_unused_parameters(true);
+    return verdict(train_against_plain(device, 3, o, nullptr, /*unused_branch=*/true), 1e-6,
+                   "an unused layer, 3 steps:");
+  });
+  cases.run("static_graph", [&] {
+    auto o = small_buckets;
+    o.static_graph(true);
+    return verdict(train_against_plain(device, 3, o, nullptr), 1e-6, "3 steps:");
+  });
+  cases.run("gradient_as_bucket_view", [&] {
+    auto o = small_buckets;
+    o.gradient_as_bucket_view(true);
+    return verdict(train_against_plain(device, 3, o, nullptr), 1e-6, "3 steps:");
+  });
+
+  cases.run("SyncBatchNorm", [&] {
+    ConvNet plain(false), inner(true);
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    auto [x, y] = batch(0, 16, /*images=*/true);
     x = x.to(device);
     y = y.to(device);
     torch::nn::functional::cross_entropy(plain(x), y).backward();
     torch::nn::functional::cross_entropy(dmodel(x), y).backward();
-    const double diff = max_rel_diff(grads(wrapped_inner), grads(plain));
+    return verdict(max_rel_diff(grads(*inner), grads(*plain)), 1e-5,
+                   "gradients against BatchNorm2d:");
+  });
 
-    // Interleaved timing of the same step with and without DDP.
+  cases.run("GradScaler with DDP", [&] {
+    // float16 autocast on a GPU; elsewhere the scaler alone (scaled loss, unscaled step).
+    const bool autocast = device.is_cuda();
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    torch::optim::SGD sgd_plain(plain->parameters(), 0.1), sgd_ddp(dmodel->parameters(), 0.1);
+    ddp::amp::GradScaler scaler_plain, scaler_ddp;
+    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(torch::kHalf);
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = batch(s, 32);
+      x = x.to(device);
+      y = y.to(device);
+      for (int which = 0; which < 2; ++which) {
+        torch::Tensor logits;
+        {
+          ddp::amp::AutocastGuard guard(device.type(), amp);
+          logits = which == 0 ? plain(x) : dmodel(x);
+        }
+        auto& scaler = which == 0 ? scaler_plain : scaler_ddp;
+        auto& sgd = which == 0 ? sgd_plain : sgd_ddp;
+        sgd.zero_grad();
+        scaler.scale(torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y)).backward();
+        scaler.step(sgd);
+        scaler.update();
+      }
+    }
+    return verdict(max_rel_diff(params(*inner), params(*plain)), autocast ? 1e-3 : 1e-6,
+                   std::string(autocast ? "float16 autocast, " : "") + "3 scaled steps:");
+  });
+
+  cases.run("ZeroRedundancyOptimizer", [&] {
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    torch::optim::Adam adam(plain->parameters(), torch::optim::AdamOptions(1e-3));
+    ddp::ZeroRedundancyOptimizer zero(dmodel->parameters(), torch::optim::AdamOptions(1e-3));
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = batch(s, 32);
+      x = x.to(device);
+      y = y.to(device);
+      adam.zero_grad();
+      zero.zero_grad();
+      torch::nn::functional::cross_entropy(plain(x), y).backward();
+      torch::nn::functional::cross_entropy(dmodel(x), y).backward();
+      adam.step();
+      zero.step();
+    }
+    return verdict(max_rel_diff(params(*inner), params(*plain)), 1e-6, "3 Adam steps:");
+  });
+
+  cases.run("barrier and monitored_barrier", [&] {
+    ddp::barrier();
+    ddp::monitored_barrier(std::chrono::seconds(30));
+    return std::string("both returned");
+  });
+
+  cases.run("Join", [&] {
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    double worst = 0;
+    dmodel->join([&] {
+      for (int s = 0; s < 3; ++s) {
+        auto [x, y] = batch(s, 32);
+        x = x.to(device);
+        y = y.to(device);
+        for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
+        for (auto& p : inner->parameters()) p.mutable_grad() = torch::Tensor();
+        torch::nn::functional::cross_entropy(plain(x), y).backward();
+        torch::nn::functional::cross_entropy(dmodel(x), y).backward();
+        worst = std::max(worst, max_rel_diff(grads(*inner), grads(*plain)));
+      }
+    });
+    return verdict(worst, 1e-6, "3 steps inside join:");
+  });
+
+  cases.run("DDP overhead", [&] {
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    auto [x, y] = batch(0, 64);
+    x = x.to(device);
+    y = y.to(device);
     std::vector<double> t_plain, t_ddp;
-    auto step = [&](auto&& model, Net& inner) {
-      for (auto& p : inner->parameters()) p.mutable_grad() = torch::Tensor();
-      sync(device);
+    auto step = [&](auto&& model, Net& net) {
+      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+      synchronize(device);
       const auto start = std::chrono::steady_clock::now();
       torch::nn::functional::cross_entropy(model(x), y).backward();
-      sync(device);
+      synchronize(device);
       return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
           .count();
     };
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < 10; ++i) {
       step(plain, plain);
-      step(dmodel, wrapped_inner);
+      step(dmodel, inner);
     }
     for (int i = 0; i < iters; ++i) {
       t_plain.push_back(step(plain, plain));
-      t_ddp.push_back(step(dmodel, wrapped_inner));
+      t_ddp.push_back(step(dmodel, inner));
     }
+    const ddp::IterationStats stats = dmodel->last_iteration_stats();
     const double mp = median(t_plain), md = median(t_ddp);
-    std::printf("ws1 %s/%s: max relative gradient difference %.3g (%s); step plain %.1f us, "
-                "DDP %.1f us, overhead %+.2f%%\n",
-                backend.c_str(), device_name.c_str(), diff, diff <= 1e-6 ? "equal" : "DIFFERENT",
-                mp, md, 100.0 * (md - mp) / mp);
-    return diff <= 1e-6 ? 0 : 1;
-  }
+    char text[240];
+    std::snprintf(text, sizeof(text),
+                  "step plain %.1f us, DDP %.1f us (%+.1f%%, median of %d); last iteration: "
+                  "%zu buckets, all-reduce %.3f ms in all, %zu done before the end of backward",
+                  mp, md, 100.0 * (md - mp) / mp, iters, stats.num_buckets,
+                  stats.allreduce_total_ms, stats.buckets_done_before_end);
+    if (stats.iteration == 0 || stats.num_buckets == 0 ||
+        stats.bucket_allreduce_ms.size() != stats.num_buckets) {
+      return std::string("FAILED: DDP reduced nothing through the group: ") + text;
+    }
+    return std::string(text);
+  });
+}
 
-  TORCH_CHECK(check == "ranks", "--check must be ws1 or ranks, but got ", check);
-  // Rank r trains on batch r; the reference is one process on the concatenation.
-  auto [x, y] = batch(rank, batch_size);
-  torch::nn::functional::cross_entropy(dmodel(x.to(device)), y.to(device)).backward();
-  std::vector<torch::Tensor> xs, ys;
-  for (int r = 0; r < world; ++r) {
-    auto b = batch(r, batch_size);
-    xs.push_back(b.first);
-    ys.push_back(b.second);
+// ---- N ranks: one process on the whole batch is the reference ------------------------
+
+void ranks_suite(Cases& cases, const torch::Device& device) {
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  ddp::DistributedDataParallelOptions base;
+  if (device.is_cuda()) base.device_ids({device.index()});
+
+  // The largest difference on any rank, known to every rank. The value travels on the
+  // group's device: NCCL takes nothing else.
+  auto worst_of_all = [&](double mine) {
+    auto worst = torch::full({1}, mine, torch::kDouble).to(ddp::get_device());
+    ddp::all_reduce(worst, ddp::ReduceOp::MAX);
+    return worst.cpu().item<double>();
+  };
+  auto whole_batch = [&](int64_t per_rank, bool images) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < world; ++r) {
+      auto b = batch(r, per_rank, images);
+      xs.push_back(b.first);
+      ys.push_back(b.second);
+    }
+    return std::make_pair(torch::cat(xs).to(device), torch::cat(ys).to(device));
+  };
+
+  cases.run("gradients against one process", [&] {
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    auto [x, y] = batch(rank, 32);
+    torch::nn::functional::cross_entropy(dmodel(x.to(device)), y.to(device)).backward();
+    auto [xa, ya] = whole_batch(32, false);
+    torch::nn::functional::cross_entropy(plain(xa), ya).backward();
+    return verdict(worst_of_all(max_rel_diff(grads(*inner), grads(*plain))), 1e-5,
+                   std::to_string(world) + " ranks:");
+  });
+
+  cases.run("SyncBatchNorm", [&] {
+    ConvNet plain(false), inner(true);
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    auto [x, y] = batch(rank, 8, /*images=*/true);
+    torch::nn::functional::cross_entropy(dmodel(x.to(device)), y.to(device)).backward();
+    auto [xa, ya] = whole_batch(8, true);
+    torch::nn::functional::cross_entropy(plain(xa), ya).backward();
+    return verdict(worst_of_all(max_rel_diff(grads(*inner), grads(*plain))), 1e-5,
+                   "gradients against one BatchNorm2d over the whole batch:");
+  });
+
+  cases.run("mixed precision with the GradScaler", [&] {
+    const bool autocast = device.is_cuda();
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    auto dmodel = ddp::DistributedDataParallel(inner, base);
+    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(torch::kHalf);
+    ddp::amp::GradScaler scaler;
+    torch::Tensor logits;
+    auto [x, y] = batch(rank, 32);
+    {
+      ddp::amp::AutocastGuard guard(device.type(), amp);
+      logits = dmodel(x.to(device));
+    }
+    scaler.scale(torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y.to(device)))
+        .backward();
+    torch::optim::SGD sgd(dmodel->parameters(), 0.0);
+    scaler.unscale_(sgd);
+    auto [xa, ya] = whole_batch(32, false);
+    {
+      ddp::amp::AutocastGuard guard(device.type(), amp);
+      logits = plain(xa);
+    }
+    torch::nn::functional::cross_entropy(logits.to(torch::kFloat), ya).backward();
+    return verdict(worst_of_all(max_rel_diff(grads(*inner), grads(*plain))), autocast ? 5e-3 : 1e-5,
+                   std::string(autocast ? "float16 autocast, " : "") +
+                       "unscaled gradients against one process:");
+  });
+}
+
+// ---- A side stream -------------------------------------------------------------------
+
+void stream_suite(Cases& cases, const torch::Device& device) {
+#ifdef DDP_WITH_CUDA
+  cases.run("backward on a side stream", [&] {
+    if (!device.is_cuda()) return std::string("skipped: needs a CUDA device");
+    Net plain, inner;
+    fill_weights(*plain);
+    fill_weights(*inner);
+    plain->to(device);
+    inner->to(device);
+    ddp::DistributedDataParallelOptions o;
+    o.device_ids({device.index()}).bucket_cap_mb(0.25);
+    auto dmodel = ddp::DistributedDataParallel(inner, o);
+    auto [x, y] = batch(0, 64);
+    x = x.to(device);
+    y = y.to(device);
+    torch::nn::functional::cross_entropy(plain(x), y).backward();
+    auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    torch::cuda::synchronize(device.index());  // the inputs exist before the side stream reads them
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      torch::nn::functional::cross_entropy(dmodel(x), y).backward();
+    }
+    // The gradients are final on the side stream; the default stream waits for it.
+    torch::cuda::synchronize(device.index());
+    return verdict(max_rel_diff(grads(*inner), grads(*plain)), 1e-6,
+                   "gradients against plain training on the default stream:");
+  });
+#else
+  (void)device;
+  cases.run("backward on a side stream",
+            [] { return std::string("skipped: this build has no CUDA"); });
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-cpp GPU checks (run under ddprun; scripts/gpu-check runs them all)"};
+  std::string suite = "single", backend;
+  int iters = 200, timeout_s = 60;
+  app.add_option("--suite", suite, "single, ranks or stream")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"single", "ranks", "stream"}));
+  app.add_option("--backend", backend,
+                 "nccl, gloo, or empty for the library's choice (nccl with GPUs; "
+                 "standin under DDP_DEVICE_STANDIN=1)")
+      ->check(CLI::IsMember({"", "nccl", "gloo"}));
+  app.add_option("--iters", iters, "timed steps of the overhead case")->capture_default_str();
+  app.add_option("--timeout", timeout_s, "process-group timeout, seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ddp::ProcessGroupGuard guard(ddp::InitOptions()
+                                     .backend(backend)
+                                     .single_rank_group(suite != "ranks")
+                                     .timeout(std::chrono::seconds(timeout_s)));
+    const int rank = ddp::get_rank();
+    torch::Device device = ddp::get_device();
+#ifdef DDP_WITH_CUDA
+    if (device.is_cpu() && torch::cuda::is_available()) {
+      // Gloo on GPUs: ranks share them, so two ranks fit on one GPU.
+      device =
+          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ddp::get_local_rank() %
+                                                                    torch::cuda::device_count()));
+    }
+#endif
+    if (rank == 0) {
+      std::printf("gpu_check: suite %s, %d rank(s), backend %s, device %s\n", suite.c_str(),
+                  ddp::get_world_size(), ddp::default_group()->backend().c_str(),
+                  device.str().c_str());
+      std::fflush(stdout);
+    }
+    Cases cases(rank);
+    if (suite == "single") {
+      single_rank_suite(cases, device, iters);
+    } else if (suite == "ranks") {
+      ranks_suite(cases, device);
+    } else {
+      stream_suite(cases, device);
+    }
+    ddp::destroy_process_group();
+    return cases.failed() == 0 ? 0 : 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "gpu_check: error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_check: error: %s\n", e.what());
+    return 1;
   }
-  torch::nn::functional::cross_entropy(plain(torch::cat(xs).to(device)), torch::cat(ys).to(device))
-      .backward();
-  const double diff = max_rel_diff(grads(wrapped_inner), grads(plain));
-  auto worst = torch::full({1}, diff, torch::kDouble);
-  ddp::all_reduce(worst, ddp::ReduceOp::MAX);
-  if (rank == 0) {
-    std::printf("%d ranks %s/%s: max relative gradient difference vs one process %.3g (%s)\n",
-                world, backend.c_str(), device_name.c_str(), worst.item<double>(),
-                worst.item<double>() <= 1e-5 ? "equal" : "DIFFERENT");
-  }
-  return worst.item<double>() <= 1e-5 ? 0 : 1;
 }

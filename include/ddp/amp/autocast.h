@@ -40,7 +40,9 @@ struct AutocastOptions {
 ///     loss = loss_fn(dmodel->forward(x), y); }
 class AutocastGuard {
  public:
-  /// device_type: at::kCPU or at::kCUDA.
+  /// device_type: at::kCPU or at::kCUDA. On another device a disabled guard does
+  /// nothing (so code written for both, like the example's, runs there), and an
+  /// enabled one throws.
   explicit AutocastGuard(c10::DeviceType device_type,
                          const AutocastOptions& options = AutocastOptions());
   ~AutocastGuard();
@@ -49,6 +51,7 @@ class AutocastGuard {
 
  private:
   c10::DeviceType device_type_;
+  bool active_ = true;  // false: disabled, on a device without autocast
   bool previous_enabled_;
   at::ScalarType previous_dtype_;
   bool previous_cache_enabled_;

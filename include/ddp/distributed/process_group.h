@@ -32,8 +32,11 @@ constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 ///   ddp::InitOptions().backend("gloo").init_method("file:///tmp/rdzv/store")
 ///       .rank(0).world_size(2).timeout(std::chrono::seconds(60));
 struct InitOptions {
-  /// "gloo" (CPU tensors, CUDA tensors too) or "nccl" (CUDA). Empty: "nccl" where
-  /// LibTorch has CUDA and a GPU is visible, else "gloo".
+  /// "gloo" (CPU tensors, CUDA tensors too), "nccl" (CUDA) or "shm" (CPU tensors, every
+  /// rank on one host). Empty: "nccl" where LibTorch has CUDA and a GPU is visible; on
+  /// CPUs "shm" when every rank shares this host, else "gloo" (or "hier", shared memory
+  /// within hosts and Gloo between them). With DDP_DEVICE_STANDIN=1, empty and "nccl"
+  /// give "standin": NCCL's rules on a stand-in device, for checks (docs/gpu.md).
   TORCH_ARG(std::string, backend) = "";
   /// "env://" reads torchrun's variables (falling back to Slurm's and Open MPI's);
   /// "tcp://host:port" and "file:///path" need rank and world_size (set here or in
@@ -53,6 +56,12 @@ struct InitOptions {
   /// Empty: the DDP_DEBUG environment variable, else PyTorch's TORCH_DISTRIBUTED_DEBUG
   /// (DETAIL is "detail"; OFF and INFO are "off"), else "off". See docs/debugging.md.
   TORCH_ARG(std::string, debug) = "";
+  /// For checks: at world size 1, connect a real one-rank group of the backend (NCCL,
+  /// Gloo or shm) instead of the shortcut whose collectives do nothing, so that DDP's
+  /// buckets and comm hooks, SyncBatchNorm, ZeRO and barriers go through the backend
+  /// as they do with peers. Also the DDP_SINGLE_RANK_GROUP=1 environment variable. No
+  /// effect at larger world sizes. See docs/gpu.md.
+  TORCH_ARG(bool, single_rank_group) = false;
 };
 
 /// Who this process is, as read from the environment (torchrun, Slurm or Open MPI).
@@ -107,11 +116,13 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_world_size() const;
-  /// The backend in use: "gloo", "nccl", "shm" (one host) or "hier" (shared memory within
-  /// hosts, Gloo between them); an empty InitOptions::backend is resolved here.
+  /// The backend in use: "gloo", "nccl", "shm" (one host), "hier" (shared memory within
+  /// hosts, Gloo between them) or "standin" (DDP_DEVICE_STANDIN); an empty
+  /// InitOptions::backend is resolved here.
   const std::string& backend() const;
   std::chrono::milliseconds timeout() const;
-  /// The device this rank computes on: cuda:local_rank for "nccl", else CPU.
+  /// The device this rank computes on: cuda:local_rank for "nccl", standin:local_rank
+  /// for "standin", else CPU.
   c10::Device device() const;
 
   void barrier();

@@ -1,0 +1,120 @@
+// The "standin" backend: Note [Device stand-in] in device_standin.h.
+//
+// Every collective first checks, as NCCL's group does, that each tensor is on this
+// rank's device (standin:<local rank>); a host tensor is an error that names the call.
+// Then the host group runs it on CPU tensors over the same memory, and the future
+// hands back the caller's device tensors, as NCCL's does.
+
+#include "core/comm.h"
+#include "core/device_standin.h"
+
+#include <ATen/core/ivalue.h>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+std::vector<at::Tensor> host_aliases(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(standin_host_alias(t));
+  return out;
+}
+
+CommConfig standin_config(CommConfig c) {
+  c.backend = "standin";
+  return c;
+}
+
+// The host group's work; its future yields the device tensors.
+class StandinWork final : public PendingWork {
+ public:
+  StandinWork(std::shared_ptr<PendingWork> host, std::vector<at::Tensor> results)
+      : host_(std::move(host)), results_(std::move(results)) {}
+  void wait() override { host_->wait(); }
+  c10::intrusive_ptr<c10::ivalue::Future> future() override {
+    std::vector<at::Tensor> results = results_;
+    return host_->future()->then(
+        [results](c10::ivalue::Future& done) -> c10::IValue {
+          (void)done.value();  // rethrows the host group's error
+          return c10::IValue(results);
+        },
+        c10::ListType::create(c10::TensorType::get()));
+  }
+
+ private:
+  std::shared_ptr<PendingWork> host_;
+  std::vector<at::Tensor> results_;
+};
+
+class StandinComm final : public Comm {
+ public:
+  explicit StandinComm(std::unique_ptr<Comm> host)
+      : Comm(standin_config(host->config())), host_(std::move(host)) {}
+
+  c10::Device device() const override { return standin_device(config().local_rank); }
+  bool trivial() const override { return host_->trivial(); }
+
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
+    check_devices("all_reduce", tensors);
+    std::vector<at::Tensor> host = host_aliases(tensors);
+    return std::make_shared<StandinWork>(host_->all_reduce(host, op), tensors);
+  }
+  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
+    check_devices("broadcast", tensors);
+    std::vector<at::Tensor> host = host_aliases(tensors);
+    return std::make_shared<StandinWork>(host_->broadcast(host, src), tensors);
+  }
+  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    check_devices("all_gather", inputs);
+    std::vector<std::vector<at::Tensor>> host_outputs;
+    for (const auto& out : outputs) {
+      check_devices("all_gather (outputs)", out);
+      host_outputs.push_back(host_aliases(out));
+    }
+    std::vector<at::Tensor> host_inputs = host_aliases(inputs);
+    return std::make_shared<StandinWork>(host_->all_gather(host_outputs, host_inputs),
+                                         outputs.empty() ? inputs : outputs[0]);
+  }
+  std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                     ReduceOp op) override {
+    check_flat("reduce_scatter_tensor", input, output);
+    at::Tensor host_output = standin_host_alias(output);
+    at::Tensor host_input = standin_host_alias(input);
+    return std::make_shared<StandinWork>(
+        host_->reduce_scatter_tensor(host_output, host_input, op), std::vector<at::Tensor>{output});
+  }
+  std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                      at::Tensor& input) override {
+    check_flat("all_gather_into_tensor", output, input);
+    at::Tensor host_output = standin_host_alias(output);
+    at::Tensor host_input = standin_host_alias(input);
+    return std::make_shared<StandinWork>(host_->all_gather_into_tensor(host_output, host_input),
+                                         std::vector<at::Tensor>{output});
+  }
+  void barrier() override { host_->barrier(); }
+  void store_set(const std::string& key, const std::string& value) override {
+    host_->store_set(key, value);
+  }
+  std::optional<std::string> store_try_get(const std::string& key) override {
+    return host_->store_try_get(key);
+  }
+  void shutdown() override { host_->shutdown(); }
+
+ protected:
+  // NCCL's rule: this rank's device only.
+  bool accepts(const c10::Device& d) const override { return d == device(); }
+
+ private:
+  std::unique_ptr<Comm> host_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_standin_comm(std::unique_ptr<Comm> host) {
+  return std::make_unique<StandinComm>(std::move(host));
+}
+
+}  // namespace detail
+}  // namespace ddp

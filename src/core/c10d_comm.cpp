@@ -546,7 +546,16 @@ c10::Device Comm::device() const {
   return c10::Device(c10::DeviceType::CPU);
 }
 
-at::Tensor Comm::to_device(const at::Tensor& t) { return t.to(device()); }
+at::Tensor Comm::to_device(const at::Tensor& t) {
+  const c10::Device d = device();
+  if (d.is_cuda() && t.is_cpu()) {
+    // From pinned memory without blocking, as PyTorch's reducer copies its bookkeeping: a
+    // pageable copy would synchronise the stream. The caching host allocator keeps the
+    // pinned block until the copy is done.
+    return t.pin_memory().to(d, /*non_blocking=*/true);
+  }
+  return t.to(d);
+}
 
 at::Tensor Comm::to_host(const at::Tensor& t) { return t.to(c10::Device(c10::DeviceType::CPU)); }
 

@@ -119,9 +119,7 @@ class StandinHooks final : public at::PrivateUse1HooksInterface {
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();
   }
-  at::Device getDeviceFromPtr(void*) const override {
-    return at::Device(kStandin, current_device);
-  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(kStandin, current_device); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
 };
 
@@ -191,10 +189,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
-  auto grads = at::convolution_backward(grad_output.cpu(), input.cpu(), weight.cpu(),
-                                        std::vector<int64_t>{weight.size(transposed ? 1 : 0)},
-                                        stride, padding, dilation, transposed, output_padding,
-                                        groups, mask);
+  auto grads =
+      at::convolution_backward(grad_output.cpu(), input.cpu(), weight.cpu(),
+                               std::vector<int64_t>{weight.size(transposed ? 1 : 0)}, stride,
+                               padding, dilation, transposed, output_padding, groups, mask);
   const at::Device d = input.device();
   return {back_on(std::get<0>(grads), d), back_on(std::get<1>(grads), d),
           back_on(std::get<2>(grads), d)};
@@ -229,8 +227,8 @@ void register_everything() {
   ops.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
   ops.impl("convolution_overrideable", convolution);
   ops.impl("convolution_backward_overrideable", convolution_backward);
-  static torch::Library fallback(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
-                                 __FILE__, __LINE__);
+  static torch::Library fallback(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__,
+                                 __LINE__);
   fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }
 

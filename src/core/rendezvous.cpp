@@ -11,7 +11,7 @@
 //     ranks take the name only once its writer's pid is alive, so a file left by a
 //     crashed earlier run on the same port is never joined.
 // Gloo's own pair connections then bind to 127.0.0.1. Multi-host runs use TCPStore
-// (see the README's security note) and bind Gloo to the interface that reaches
+// (see docs/process_groups.md, "Security of the rendezvous") and bind Gloo to the interface that reaches
 // MASTER_ADDR (or GLOO_SOCKET_IFNAME). init_method file:// names a file that may sit on
 // a shared filesystem, so its interface is chosen from what the ranks exchange
 // (Note [Interface from peers]).

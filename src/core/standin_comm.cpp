@@ -82,8 +82,8 @@ class StandinComm final : public Comm {
     check_flat("reduce_scatter_tensor", input, output);
     at::Tensor host_output = standin_host_alias(output);
     at::Tensor host_input = standin_host_alias(input);
-    return std::make_shared<StandinWork>(
-        host_->reduce_scatter_tensor(host_output, host_input, op), std::vector<at::Tensor>{output});
+    return std::make_shared<StandinWork>(host_->reduce_scatter_tensor(host_output, host_input, op),
+                                         std::vector<at::Tensor>{output});
   }
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override {

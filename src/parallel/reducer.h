@@ -187,6 +187,9 @@ class Reducer final : public OutputListener {
   bool static_first_iteration() const { return options_.static_graph && num_reduced_ == 0; }
 
   // reducer_finalize.cpp
+  /// Per parameter, whether any rank produced its gradient: exact counts, or 1 for
+  /// every parameter when this rank used them all (Note [Lazy use counts]); empty
+  /// when nothing needs it.
   std::vector<int> global_use();
   /// Waits for every launched bucket; with `use`, writes each one back as soon as it
   /// is reduced (see Note [Write-back per bucket]).
@@ -263,6 +266,7 @@ class Reducer final : public OutputListener {
   int64_t num_reduced_ = 0;
   std::vector<int> expected_calls_;  // static_graph: from the first iteration
   std::vector<int> static_global_use_;
+  Work unread_use_;      // Note [Lazy use counts]: the last all-reduce nobody had to read
   std::string failure_;  // kFailed: what failed
   mutable IterationStats last_stats_;
   mutable std::optional<TimedIteration> pending_;

@@ -84,7 +84,7 @@ void Reducer::finalize_locked() {
   const int64_t wait_start_ns = local_only ? finalize_start_ns : steady_now_ns();
   // Note [Device time]: where backward's stream reaches the end of backward.
   std::shared_ptr<DeviceEvent> wait_start =
-      local_only ? nullptr : DeviceEvent::record(params_.front().device());
+      local_only || params_.empty() ? nullptr : DeviceEvent::record(params_.front().device());
   const std::vector<int> use = global_use();
   wait_for_buckets(stats, &use);
   const int64_t wait_end_ns = local_only ? wait_start_ns : steady_now_ns();
@@ -152,7 +152,26 @@ std::vector<int> Reducer::global_use() {
   at::Tensor counts = at::empty({n}, at::kInt);
   int* data = counts.data_ptr<int>();
   for (int64_t i = 0; i < n; ++i) data[i] = iter_.locally_used[i] ? 1 : 0;
-  const at::Tensor summed = all_reduce_host(*pg_, counts, ReduceOp::SUM);
+  Comm& comm = comm_of(*pg_);
+  std::vector<at::Tensor> on_device{comm.to_device(counts)};
+  Work work = pg_->all_reduce_async(on_device, ReduceOp::SUM);
+  // Note [Lazy use counts]: a parameter this rank used is used somewhere, so when this
+  // rank used them all nothing needs the sums. On a GPU the host then does not wait for
+  // them (no copy back, no stream synchronisation); every rank still takes part in the
+  // all-reduce, in the same place of the collective order, and NCCL completes it on its
+  // stream whatever the host does next. PyTorch's reducer reads its used-parameter map
+  // lazily in the same way. On the CPU waiting costs no synchronisation, and a
+  // collective nobody waited for could still be in flight when the group is destroyed
+  // (Gloo and shm need every rank until it ends): there the sums are always read. The
+  // first static_graph iteration keeps the exact sums for the iterations after it.
+  const bool all_used =
+      std::all_of(iter_.locally_used.begin(), iter_.locally_used.end(), [](bool u) { return u; });
+  if (all_used && !static_first_iteration() && !comm.device().is_cpu()) {
+    unread_use_ = std::move(work);  // keeps the tensor alive until the collective ends
+    return std::vector<int>(static_cast<size_t>(n), 1);
+  }
+  work.wait();
+  const at::Tensor summed = comm.to_host(on_device[0]);
   const int* sums = summed.data_ptr<int>();
   return std::vector<int>(sums, sums + n);
 }
@@ -169,6 +188,7 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     Bucket& bucket = buckets_[b];
     if (!bucket.future) continue;
     bucket.future->wait();
+    const int64_t now = steady_now_ns();
     if (bucket.in_place) {
       bucket_failure(b, *bucket.future);  // the gradients hold the result
     } else {
@@ -179,7 +199,7 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
       }
     }
     // On a device this is only known later: resolve_device_times().
-    const double ms = bucket.timing->start ? 0 : bucket.timing->reduction_ms();
+    const double ms = bucket.timing->start ? 0 : bucket.timing->reduction_ms(now);
     stats.bucket_bytes.push_back(bucket.bytes());
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;

@@ -64,7 +64,8 @@ TEST_P(DeviceStandinTest, CollectivesTakeOnlyThisRanksDeviceAndSumExactly) {
     at::Tensor part = at::empty({2}, t.options());
     pg->reduce_scatter_tensor(part, whole, ddp::ReduceOp::SUM);
     const double base = world * (world - 1) / 2.0;
-    EXPECT_TRUE(at::equal(part.cpu(), at::arange(2 * rank, 2 * rank + 2, at::kFloat) * world + base));
+    EXPECT_TRUE(
+        at::equal(part.cpu(), at::arange(2 * rank, 2 * rank + 2, at::kFloat) * world + base));
 
     // A tensor made on the host reaches the collective: the error names the call, the
     // tensor's device and this rank's, before anything is sent.
@@ -75,7 +76,8 @@ TEST_P(DeviceStandinTest, CollectivesTakeOnlyThisRanksDeviceAndSumExactly) {
     EXPECT_ERROR_HAS(error, device.str());
     EXPECT_ERROR_HAS(error, "made on the host must be moved first");
     // So is another rank's device (NCCL reads only this rank's GPU).
-    at::Tensor other = at::ones({3}, at::TensorOptions().device(ddp::detail::standin_device(world)));
+    at::Tensor other =
+        at::ones({3}, at::TensorOptions().device(ddp::detail::standin_device(world)));
     EXPECT_ERROR_HAS(error_of([&] { pg->broadcast(other, 0); }), "broadcast on rank");
     pg->barrier();
   });

@@ -225,9 +225,11 @@ TEST_P(DeviceDisciplineTest, BookkeepingCollectivesMoveTheirTensorsAndReadBackAf
       }
     }
     // 2 gathers for the bytes, 2 per model check, 1 rebuild broadcast per model, use
-    // counts per backward with find_unused_parameters (no rebuild then).
+    // counts per backward with find_unused_parameters (no rebuild then). The 3 use
+    // counts are not read back: every parameter is used here, so no rank needs the sums
+    // (Note [Lazy use counts]).
     EXPECT_GE(comm->moved(), 2 + 2 * 2 + 1 + 3);
-    EXPECT_GE(comm->read_back(), comm->moved());
+    EXPECT_GE(comm->read_back() + 3, comm->moved());
     EXPECT_EQ(comm->unread(), 0u) << "a result was read without to_host()";
     pg->shutdown();
   });

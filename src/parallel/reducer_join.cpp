@@ -5,6 +5,7 @@
 #include "core/check.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace ddp {
 namespace detail {

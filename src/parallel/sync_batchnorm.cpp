@@ -12,6 +12,7 @@
 #include "parallel/sync_batchnorm_ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/batchnorm.h>
 

@@ -645,3 +645,15 @@ TEST(ErrorTextTest, OwnErrorsEndWithTheExplanation) {
 }
 
 }  // namespace
+
+// Without LOCAL_RANK (file://, or tcp:// across hosts), the local rank comes from the hosts
+// the ranks report at the rendezvous: ranks on one host count 0, 1, 2, ... and under
+// NCCL each takes its own GPU. (Before, every such rank was local rank 0: cuda:0 for all.)
+TEST(LocalPlacementTest, RanksWithoutLocalRankCountThemselvesPerHost) {
+  ASSERT_EQ(std::getenv("LOCAL_RANK"), nullptr);
+  constexpr int kWorld = 3;
+  ddp_test::run_thread_groups(kWorld, [&](ddp::ProcessGroup& pg) {
+    EXPECT_EQ(pg.local_rank(), pg.rank());
+    EXPECT_EQ(pg.local_world_size(), kWorld);
+  });
+}

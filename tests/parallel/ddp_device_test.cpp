@@ -10,6 +10,7 @@
 #include "../../src/core/comm.h"
 #include "../../src/core/device_standin.h"
 #include "../../src/core/rendezvous.h"
+#include "../../src/parallel/bucket.h"
 
 #include <torch/optim/sgd.h>
 
@@ -185,6 +186,33 @@ TEST(SingleRankGroupTest, TheEnvironmentVariableAsksForItToo) {
   EXPECT_ERROR_HAS(error_of([&] { ddp::ProcessGroup::create(ddp_test::file_init(dir, 0, 1)); }),
                    "DDP_SINGLE_RANK_GROUP must be 1 or 0");
   unsetenv("DDP_SINGLE_RANK_GROUP");
+}
+
+}  // namespace
+
+namespace {
+
+// Note [Device time]: on a device a future completes when the collective is queued (NCCL),
+// so a bucket is done only when the event its callback recorded is.
+TEST(DeviceTimeTest, ADeviceBucketIsDoneByItsEndEventNotByItsFuture) {
+  if (!ddp::detail::standin_supported()) GTEST_SKIP() << "no device events in this build";
+  ddp::detail::enable_standin_device();
+  const c10::Device device = ddp::detail::standin_device(0);
+  auto future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+  ddp::detail::BucketTiming host, on_device;
+  host.launch_ns = 1;
+  EXPECT_TRUE(host.finished(*future));  // the host: the future is the truth
+  on_device.launch_ns = 1;
+  on_device.start = ddp::detail::DeviceEvent::record(device);
+  ASSERT_NE(on_device.start, nullptr);
+  EXPECT_FALSE(on_device.finished(*future)) << "completed future, but no end event yet";
+  on_device.set_end(ddp::detail::DeviceEvent::record(device));
+  EXPECT_TRUE(on_device.finished(*future));
+  EXPECT_GE(on_device.reduction_ms(), 0.0);
+  // The CPU never gets events: its times are the host's.
+  EXPECT_EQ(ddp::detail::DeviceEvent::record(c10::Device(c10::DeviceType::CPU)), nullptr);
 }
 
 }  // namespace

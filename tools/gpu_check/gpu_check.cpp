@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,24 @@ std::vector<torch::Tensor> params(torch::nn::Module& net) {
   return out;
 }
 
+// The same weights twice, on `device`: one model to train plainly, one to wrap.
+template <typename M, typename... Args>
+std::pair<M, M> twins(const torch::Device& device, Args... args) {
+  M plain(args...), inner(args...);
+  fill_weights(*plain);
+  fill_weights(*inner);
+  plain->to(device);
+  inner->to(device);
+  return {plain, inner};
+}
+
+// batch(index, size) on `device`.
+std::pair<torch::Tensor, torch::Tensor> batch_on(const torch::Device& device, int64_t index,
+                                                 int64_t size, bool images = false) {
+  auto [x, y] = batch(index, size, images);
+  return {x.to(device), y.to(device)};
+}
+
 void synchronize(const torch::Device& device) {
 #ifdef DDP_WITH_CUDA
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -179,19 +198,15 @@ double train_against_plain(const torch::Device& device, int steps,
                            const ddp::DistributedDataParallelOptions& options,
                            const std::function<void(ddp::DistributedDataParallel<Net>&)>& setup,
                            bool unused_branch = false) {
-  Net plain(unused_branch), inner(unused_branch);
-  fill_weights(*plain);
-  fill_weights(*inner);
-  plain->to(device);
-  inner->to(device);
+  Net plain{nullptr}, inner{nullptr};
+  std::tie(plain, inner) = twins<Net>(device, unused_branch);
   auto dmodel = ddp::DistributedDataParallel(inner, options);
   if (setup) setup(dmodel);
   torch::optim::SGD sgd_plain(plain->parameters(), 0.1), sgd_ddp(dmodel->parameters(), 0.1);
   double worst = 0;
   for (int s = 0; s < steps; ++s) {
-    auto [x, y] = batch(s, 32);
-    x = x.to(device);
-    y = y.to(device);
+    torch::Tensor x, y;
+    std::tie(x, y) = batch_on(device, s, 32);
     sgd_plain.zero_grad();
     sgd_ddp.zero_grad();
     torch::nn::functional::cross_entropy(plain(x), y).backward();
@@ -248,14 +263,13 @@ void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
 
   cases.run("SyncBatchNorm", [&] {
     ConvNet plain(false), inner(true);
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    for (ConvNet* net : {&plain, &inner}) {
+      fill_weights(**net);
+      (*net)->to(device);
+    }
     auto dmodel = ddp::DistributedDataParallel(inner, base);
-    auto [x, y] = batch(0, 16, /*images=*/true);
-    x = x.to(device);
-    y = y.to(device);
+    torch::Tensor x, y;
+    std::tie(x, y) = batch_on(device, 0, 16, /*images=*/true);
     torch::nn::functional::cross_entropy(plain(x), y).backward();
     torch::nn::functional::cross_entropy(dmodel(x), y).backward();
     return verdict(max_rel_diff(grads(*inner), grads(*plain)), 1e-5,
@@ -265,19 +279,17 @@ void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
   cases.run("GradScaler with DDP", [&] {
     // float16 autocast on a GPU; elsewhere the scaler alone (scaled loss, unscaled step).
     const bool autocast = device.is_cuda();
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
     torch::optim::SGD sgd_plain(plain->parameters(), 0.1), sgd_ddp(dmodel->parameters(), 0.1);
     ddp::amp::GradScaler scaler_plain, scaler_ddp;
-    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(torch::kHalf);
+    // Off, bfloat16: LibTorch 1.13's CPU autocast refuses float16 even when disabled.
+    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(
+        autocast ? torch::kHalf : torch::kBFloat16);
     for (int s = 0; s < 3; ++s) {
-      auto [x, y] = batch(s, 32);
-      x = x.to(device);
-      y = y.to(device);
+      torch::Tensor x, y;
+      std::tie(x, y) = batch_on(device, s, 32);
       for (int which = 0; which < 2; ++which) {
         torch::Tensor logits;
         {
@@ -297,18 +309,14 @@ void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
   });
 
   cases.run("ZeroRedundancyOptimizer", [&] {
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
     torch::optim::Adam adam(plain->parameters(), torch::optim::AdamOptions(1e-3));
     ddp::ZeroRedundancyOptimizer zero(dmodel->parameters(), torch::optim::AdamOptions(1e-3));
     for (int s = 0; s < 3; ++s) {
-      auto [x, y] = batch(s, 32);
-      x = x.to(device);
-      y = y.to(device);
+      torch::Tensor x, y;
+      std::tie(x, y) = batch_on(device, s, 32);
       adam.zero_grad();
       zero.zero_grad();
       torch::nn::functional::cross_entropy(plain(x), y).backward();
@@ -326,18 +334,14 @@ void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
   });
 
   cases.run("Join", [&] {
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
     double worst = 0;
     dmodel->join([&] {
       for (int s = 0; s < 3; ++s) {
-        auto [x, y] = batch(s, 32);
-        x = x.to(device);
-        y = y.to(device);
+        torch::Tensor x, y;
+        std::tie(x, y) = batch_on(device, s, 32);
         for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
         for (auto& p : inner->parameters()) p.mutable_grad() = torch::Tensor();
         torch::nn::functional::cross_entropy(plain(x), y).backward();
@@ -349,15 +353,11 @@ void single_rank_suite(Cases& cases, const torch::Device& device, int iters) {
   });
 
   cases.run("DDP overhead", [&] {
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
-    auto [x, y] = batch(0, 64);
-    x = x.to(device);
-    y = y.to(device);
+    torch::Tensor x, y;
+    std::tie(x, y) = batch_on(device, 0, 64);
     std::vector<double> t_plain, t_ddp;
     auto step = [&](auto&& model, Net& net) {
       for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
@@ -417,11 +417,8 @@ void ranks_suite(Cases& cases, const torch::Device& device) {
   };
 
   cases.run("gradients against one process", [&] {
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
     auto [x, y] = batch(rank, 32);
     torch::nn::functional::cross_entropy(dmodel(x.to(device)), y.to(device)).backward();
@@ -433,10 +430,10 @@ void ranks_suite(Cases& cases, const torch::Device& device) {
 
   cases.run("SyncBatchNorm", [&] {
     ConvNet plain(false), inner(true);
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    for (ConvNet* net : {&plain, &inner}) {
+      fill_weights(**net);
+      (*net)->to(device);
+    }
     auto dmodel = ddp::DistributedDataParallel(inner, base);
     auto [x, y] = batch(rank, 8, /*images=*/true);
     torch::nn::functional::cross_entropy(dmodel(x.to(device)), y.to(device)).backward();
@@ -448,13 +445,12 @@ void ranks_suite(Cases& cases, const torch::Device& device) {
 
   cases.run("mixed precision with the GradScaler", [&] {
     const bool autocast = device.is_cuda();
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     auto dmodel = ddp::DistributedDataParallel(inner, base);
-    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(torch::kHalf);
+    // Off, bfloat16: LibTorch 1.13's CPU autocast refuses float16 even when disabled.
+    const auto amp = ddp::amp::AutocastOptions().enabled(autocast).dtype(
+        autocast ? torch::kHalf : torch::kBFloat16);
     ddp::amp::GradScaler scaler;
     torch::Tensor logits;
     auto [x, y] = batch(rank, 32);
@@ -484,17 +480,13 @@ void stream_suite(Cases& cases, const torch::Device& device) {
 #ifdef DDP_WITH_CUDA
   cases.run("backward on a side stream", [&] {
     if (!device.is_cuda()) return std::string("skipped: needs a CUDA device");
-    Net plain, inner;
-    fill_weights(*plain);
-    fill_weights(*inner);
-    plain->to(device);
-    inner->to(device);
+    Net plain{nullptr}, inner{nullptr};
+    std::tie(plain, inner) = twins<Net>(device);
     ddp::DistributedDataParallelOptions o;
     o.device_ids({device.index()}).bucket_cap_mb(0.25);
     auto dmodel = ddp::DistributedDataParallel(inner, o);
-    auto [x, y] = batch(0, 64);
-    x = x.to(device);
-    y = y.to(device);
+    torch::Tensor x, y;
+    std::tie(x, y) = batch_on(device, 0, 64);
     torch::nn::functional::cross_entropy(plain(x), y).backward();
     auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     torch::cuda::synchronize(device.index());  // the inputs exist before the side stream reads them

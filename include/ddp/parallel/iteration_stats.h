@@ -19,7 +19,8 @@ namespace ddp {
 ///             << " buckets finished during backward; waited " << s.wait_ms << " ms\n";
 struct IterationStats {
   /// 1 for the first reduced backward, counting only reduced (synchronised) iterations;
-  /// 0 when nothing was reduced yet (always 0 at world size 1, which reduces nothing).
+  /// 0 when nothing was reduced yet. At world size 1 nothing is sent (no bucket times)
+  /// unless the group is a real one-rank group (InitOptions::single_rank_group).
   int64_t iteration = 0;
   /// Buckets in this iteration.
   size_t num_buckets = 0;
@@ -36,9 +37,12 @@ struct IterationStats {
   /// From the end of forward to the start of the end-of-backward callback (includes
   /// the loss computation between them).
   double backward_ms = 0;
-  /// Time the end-of-backward callback waited for communication to complete.
+  /// Time the end-of-backward callback waited for communication to complete. On a GPU,
+  /// where that wait does not block the host, how long the device's stream waited at
+  /// the end of backward for the last bucket (from CUDA events; docs/gpu.md).
   double wait_ms = 0;
-  /// Sum over buckets of launch -> completion of its reduction (the comm hook's future).
+  /// Sum over buckets of launch -> completion of its reduction (the comm hook's future;
+  /// on a GPU, CUDA events around the collective, read when these stats are asked for).
   double allreduce_total_ms = 0;
   /// Per bucket, in launch order: its flat buffer's size in bytes.
   std::vector<int64_t> bucket_bytes;

@@ -29,7 +29,6 @@
 #include <torch/library.h>
 #endif
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -47,7 +46,6 @@ constexpr c10::DeviceType kStandin = c10::DeviceType::PrivateUse1;
 constexpr c10::DeviceIndex kDevices = 16;
 
 thread_local c10::DeviceIndex current_device = 0;
-std::atomic<bool> enabled{false};
 
 class StandinAllocator final : public c10::Allocator {
  public:
@@ -238,13 +236,8 @@ bool standin_supported() { return true; }
 
 void enable_standin_device() {
   static std::once_flag once;
-  std::call_once(once, [] {
-    register_everything();
-    enabled = true;
-  });
+  std::call_once(once, register_everything);
 }
-
-bool standin_enabled() { return enabled; }
 
 c10::Device standin_device(int index) {
   DDP_CHECK(index >= 0 && index < kDevices, "the device stand-in has devices 0..", kDevices - 1,
@@ -263,8 +256,6 @@ void enable_standin_device() {
             "this ddp-cpp was built against an older one. Unset DDP_DEVICE_STANDIN, or build "
             "against pip torch (scripts/build).");
 }
-
-bool standin_enabled() { return false; }
 
 c10::Device standin_device(int) {
   enable_standin_device();  // throws

@@ -38,9 +38,6 @@ bool standin_supported();
 /// run before the process's first backward: the autograd engine counts devices then.
 void enable_standin_device();
 
-/// Whether enable_standin_device() has run in this process.
-bool standin_enabled();
-
 /// The stand-in device with this index ("standin:<index>").
 c10::Device standin_device(int index);
 

@@ -100,11 +100,8 @@ class StandinComm final : public Comm {
   std::optional<std::string> store_try_get(const std::string& key) override {
     return host_->store_try_get(key);
   }
+  // NCCL's rule (this rank's device only) is Comm::accepts's for "standin".
   void shutdown() override { host_->shutdown(); }
-
- protected:
-  // NCCL's rule: this rank's device only.
-  bool accepts(const c10::Device& d) const override { return d == device(); }
 
  private:
   std::unique_ptr<Comm> host_;

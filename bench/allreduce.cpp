@@ -17,7 +17,7 @@
 
 #include <ddp/distributed/process_group.h>
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

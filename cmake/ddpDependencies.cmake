@@ -32,7 +32,7 @@ endif()
 
 # c10d's Gloo header includes <gloo/...>. Debian's LibTorch pairs with libgloo-dev. pip
 # torch links Gloo in statically and ships no Gloo headers, so its build uses
-# libgloo-dev's too: Note [Gloo headers] in src/core/c10d_comm.cpp says why that is sound.
+# libgloo-dev's too: Note [Gloo headers] in src/distributed/backends/c10d_comm.cpp says why that is sound.
 find_path(DDP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h
   HINTS ${TORCH_INCLUDE_DIRS} ${PROJECT_SOURCE_DIR}/third_party/include)
 message(STATUS "ddp: Gloo headers from ${DDP_GLOO_INCLUDE_DIR} (docs/libtorch.md: which and why)")

@@ -3,7 +3,7 @@
 #include <ddp/amp/autocast.h>
 
 #include "amp/autocast_compat.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 

@@ -3,7 +3,7 @@
 #include <ddp/amp/grad_scaler.h>
 
 #include "amp/scaler_kernels.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 #include "amp/scaler_state.h"
 
 #include <ATen/core/grad_mode.h>

@@ -1,7 +1,7 @@
 // GradScaler's state dict: Python's keys and value types.
 
 #include "amp/scaler_state.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 

@@ -4,7 +4,7 @@
 
 #include "data/permutation.h"
 #include "data/reshard.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 #include <torch/serialize/input-archive.h>

@@ -1,6 +1,6 @@
 #include "data/reshard.h"
 
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <algorithm>
 

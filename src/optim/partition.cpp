@@ -1,6 +1,6 @@
 #include "optim/partition.h"
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 
 #include <ddp/errors.h>
 

@@ -3,7 +3,7 @@
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
-#include "core/check.h"
+#include "distributed/common/check.h"
 #include "serialize/sharded_state.h"
 #include "optim/zero_state.h"
 

@@ -3,8 +3,8 @@
 
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
-#include "core/check.h"
-#include "core/comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
 #include "optim/partition.h"
 
 #include <ATen/ATen.h>

@@ -1,7 +1,7 @@
 #include "optim/zero_state.h"
 
-#include "core/check.h"
-#include "core/comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
 #include "serialize/optimizer_state.h"
 
 #include <ATen/ATen.h>

@@ -12,7 +12,7 @@
 // ("Can't detach views in-place").
 
 #include "parallel/bucket_assignment.h"
-#include "core/device_event.h"
+#include "distributed/debug/device_event.h"
 #include "parallel/clock.h"
 
 #include <ATen/core/Tensor.h>

@@ -1,7 +1,7 @@
 #include <ddp/parallel/comm_hooks.h>
 
 #include "parallel/bucket.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>

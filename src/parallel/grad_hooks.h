@@ -9,7 +9,7 @@
 // node would die, and the next forward would create a fresh one without our hook.
 // So the accumulators are held here for DDP's lifetime, as c10d's reducer does.
 
-#include "core/compat.h"
+#include "distributed/common/compat.h"
 
 #include <ATen/core/Tensor.h>
 

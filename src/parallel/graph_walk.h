@@ -2,7 +2,7 @@
 
 // Which parameters a forward's output depends on (find_unused_parameters).
 
-#include "core/compat.h"
+#include "distributed/common/compat.h"
 
 #include <ATen/core/Tensor.h>
 

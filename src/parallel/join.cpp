@@ -2,8 +2,8 @@
 
 #include <ddp/errors.h>
 
-#include "core/check.h"
-#include "core/comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
 #include "parallel/join_context.h"
 
 #include <ATen/ATen.h>

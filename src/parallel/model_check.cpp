@@ -2,7 +2,7 @@
 
 #include <ddp/errors.h>
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

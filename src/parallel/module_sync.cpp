@@ -1,6 +1,6 @@
 #include "parallel/module_sync.h"
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

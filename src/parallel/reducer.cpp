@@ -1,7 +1,7 @@
 #include "parallel/reducer.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 #include "parallel/graph_walk.h"
 #include "parallel/scaled_copy.h"
 

@@ -2,9 +2,9 @@
 // See Note [End-of-backward callback] in reducer.h.
 
 #include "parallel/reducer.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 #include "parallel/scaled_copy.h"
 
 #include <ddp/errors.h>

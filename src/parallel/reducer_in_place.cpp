@@ -1,9 +1,9 @@
 // Buckets whose gradients are all-reduced where they are. See Note [Gradients reduced in
-// place] below, and Note [Direct all-reduce] in src/core/shm_transport.h.
+// place] below, and Note [Direct all-reduce] in src/distributed/shm/shm_transport.h.
 
 #include "parallel/reducer.h"
 
-#include "core/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

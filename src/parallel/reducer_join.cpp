@@ -2,7 +2,7 @@
 // one reduced iteration on a rank that is out of inputs. See Note [Join rounds].
 
 #include "parallel/reducer.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

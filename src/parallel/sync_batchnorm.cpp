@@ -7,8 +7,8 @@
 
 #include <ddp/errors.h>
 
-#include "core/check.h"
-#include "core/comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
 #include "parallel/sync_batchnorm_ops.h"
 
 #include <ATen/ATen.h>

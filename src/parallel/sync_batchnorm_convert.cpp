@@ -17,7 +17,7 @@
 
 #include <ddp/parallel/sync_batchnorm.h>
 
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/batchnorm.h>

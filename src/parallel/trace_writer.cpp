@@ -1,5 +1,5 @@
 #include "parallel/trace_writer.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/parallel/trace.h>

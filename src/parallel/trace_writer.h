@@ -10,7 +10,7 @@
 //   kUserTrack     user scopes (ddp::trace::Scope), e.g. optimizer.step
 //   kBucketTrack+b bucket b's all-reduce, launch -> done
 
-#include "core/json_quote.h"
+#include "distributed/common/json_quote.h"
 #include "parallel/clock.h"
 
 #include <cstdint>

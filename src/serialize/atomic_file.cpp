@@ -1,5 +1,5 @@
 #include "serialize/atomic_file.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 

@@ -6,7 +6,7 @@
 #include <ddp/amp/grad_scaler.h>
 
 #include "amp/scaler_state.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 #include "data/reshard.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint_io.h"

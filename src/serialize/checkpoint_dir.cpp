@@ -3,7 +3,7 @@
 #include <ddp/serialize/checkpoint.h>
 
 #include "serialize/atomic_file.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 #include "serialize/checkpoint_io.h"
 
 #include <c10/util/Exception.h>

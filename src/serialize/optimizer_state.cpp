@@ -1,5 +1,5 @@
 #include "serialize/optimizer_state.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>

@@ -1,5 +1,5 @@
 #include "serialize/pickle_io.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include "serialize/pickle_compat.h"
 #include "serialize/zip_archive.h"

@@ -1,5 +1,5 @@
 #include "serialize/rng_state.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>

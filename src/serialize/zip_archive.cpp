@@ -1,5 +1,5 @@
 #include "serialize/zip_archive.h"
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>

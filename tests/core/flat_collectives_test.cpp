@@ -4,8 +4,8 @@
 
 #include "support/harness.h"
 
-#include "../../src/core/comm.h"
-#include "../../src/core/rendezvous.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/rendezvous.h"
 
 #include <ddp/distributed/process_group.h>
 

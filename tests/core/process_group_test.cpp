@@ -2,7 +2,7 @@
 
 #include "support/harness.h"
 
-#include "../../src/core/comm.h"
+#include "distributed/comm.h"
 
 #include <ddp/errors.h>
 #include <ddp/distributed/process_group.h>

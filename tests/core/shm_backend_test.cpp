@@ -5,8 +5,8 @@
 
 #include "support/harness.h"
 
-#include "../../src/core/comm.h"
-#include "../../src/core/host_identity.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/host_identity.h"
 
 #include <ddp/distributed/process_group.h>
 #include <ddp/errors.h>

@@ -6,7 +6,7 @@
 #include "parallel/ddp_test_util.h"
 
 #include "../../src/amp/scaler_kernels.h"
-#include "../../src/core/comm.h"
+#include "distributed/comm.h"
 
 #include <ddp/amp/autocast.h>
 #include <ddp/amp/grad_scaler.h>

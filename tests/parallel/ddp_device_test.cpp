@@ -7,9 +7,9 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include "../../src/core/comm.h"
-#include "../../src/core/device_standin.h"
-#include "../../src/core/rendezvous.h"
+#include "distributed/comm.h"
+#include "distributed/backends/device_standin.h"
+#include "distributed/rendezvous/rendezvous.h"
 #include "../../src/parallel/bucket.h"
 
 #include <torch/optim/sgd.h>

@@ -10,7 +10,7 @@
 
 #include <torch/optim/sgd.h>
 
-#include "../../src/core/comm.h"
+#include "distributed/comm.h"
 
 #include <unistd.h>
 

@@ -8,7 +8,7 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include "../../src/core/comm.h"
+#include "distributed/comm.h"
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>

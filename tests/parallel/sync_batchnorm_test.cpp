@@ -7,8 +7,8 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include "../../src/core/comm.h"
-#include "../../src/core/rendezvous.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/rendezvous.h"
 
 #include <ddp/parallel/sync_batchnorm.h>
 

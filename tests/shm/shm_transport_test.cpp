@@ -3,7 +3,7 @@
 // the segment, so that TSan sees every access of the protocol. Exits 0 when every check
 // passes; prints what failed otherwise.
 
-#include "core/shm_transport.h"
+#include "distributed/shm/shm_transport.h"
 
 #include <atomic>
 #include <chrono>

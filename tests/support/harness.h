@@ -41,7 +41,7 @@ class TempDir {
 /// kernel picks a free one) and, with listen = true, listening. Nothing else can take the
 /// port meanwhile, so tests started at once never collide. A listening port is handed to
 /// the store of rank 0 through DDP_MASTER_LISTEN_FD (Note [Handed-over port] in
-/// src/core/rendezvous.cpp); a port bound without listening refuses every connection.
+/// src/distributed/rendezvous/rendezvous.cpp); a port bound without listening refuses every connection.
 class HeldPort {
  public:
   explicit HeldPort(bool listen = true);

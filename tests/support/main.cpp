@@ -1,7 +1,7 @@
 // Test main: a child started by run_processes runs its scenario instead of the tests.
 #include "support/harness.h"
 
-#include "../../src/core/device_standin.h"
+#include "distributed/backends/device_standin.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

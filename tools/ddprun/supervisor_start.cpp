@@ -42,7 +42,7 @@ void Supervisor::start_attempt(int attempt) {
       return;
     }
   }
-  // Note [Flight recorder] (src/core/flight_recorder.h): workers write their last
+  // Note [Flight recorder] (src/distributed/debug/flight_recorder.h): workers write their last
   // collectives here when one fails, and at exit; kept only if the attempt fails.
   const char* user_flight_dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
   if (user_flight_dir == nullptr || *user_flight_dir == '\0') {

@@ -21,14 +21,14 @@
 // cannot reach compiled code of ours. What must match, and does, is the c10d side:
 // the class layouts and signatures come from pip torch's own headers.
 
-#include "core/check.h"
-#include "core/comm.h"
-#include "core/device_standin.h"
-#include "core/hier_comm.h"
-#include "core/host_identity.h"
-#include "core/shm_comm.h"
-#include "core/store_wait.h"
-#include "core/traced_comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
+#include "distributed/backends/device_standin.h"
+#include "distributed/backends/hier_comm.h"
+#include "distributed/rendezvous/host_identity.h"
+#include "distributed/backends/shm_comm.h"
+#include "distributed/store_wait.h"
+#include "distributed/debug/traced_comm.h"
 
 #include <ddp/errors.h>
 

@@ -1,4 +1,4 @@
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
-#include "core/flight_recorder.h"
+#include "distributed/debug/flight_recorder.h"
 
-#include "core/device_event.h"
-#include "core/json_quote.h"
+#include "distributed/debug/device_event.h"
+#include "distributed/common/json_quote.h"
 
 #include <algorithm>
 #include <cstdio>

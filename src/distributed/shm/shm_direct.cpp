@@ -1,4 +1,4 @@
-#include "core/shm_direct.h"
+#include "distributed/shm/shm_direct.h"
 
 #include <algorithm>
 #include <cerrno>

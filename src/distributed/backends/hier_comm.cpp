@@ -1,7 +1,7 @@
-#include "core/hier_comm.h"
+#include "distributed/backends/hier_comm.h"
 
-#include "core/check.h"
-#include "core/shm_comm.h"
+#include "distributed/common/check.h"
+#include "distributed/backends/shm_comm.h"
 
 #include <ddp/errors.h>
 

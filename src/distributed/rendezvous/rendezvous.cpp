@@ -16,10 +16,10 @@
 // a shared filesystem, so its interface is chosen from what the ranks exchange
 // (Note [Interface from peers]).
 
-#include "core/check.h"
-#include "core/comm.h"
-#include "core/device_standin.h"
-#include "core/rendezvous.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
+#include "distributed/backends/device_standin.h"
+#include "distributed/rendezvous/rendezvous.h"
 
 #include <ddp/errors.h>
 

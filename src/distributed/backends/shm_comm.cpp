@@ -1,9 +1,9 @@
-#include "core/shm_comm.h"
+#include "distributed/backends/shm_comm.h"
 
-#include "core/check.h"
-#include "core/rendezvous.h"
-#include "core/shm_transport.h"
-#include "core/store_wait.h"
+#include "distributed/common/check.h"
+#include "distributed/rendezvous/rendezvous.h"
+#include "distributed/shm/shm_transport.h"
+#include "distributed/store_wait.h"
 
 #include <ddp/errors.h>
 

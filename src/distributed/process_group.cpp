@@ -2,9 +2,9 @@
 
 #include <ddp/errors.h>
 
-#include "core/check.h"
-#include "core/comm.h"
-#include "core/rendezvous.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/rendezvous.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

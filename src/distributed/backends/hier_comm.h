@@ -14,8 +14,8 @@
 // that cannot set up shared memory on some host falls back to Gloo on every rank: all
 // ranks agree first, so that none waits in a group the others never make.
 
-#include "core/comm.h"
-#include "core/host_identity.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/host_identity.h"
 
 #include <memory>
 #include <vector>

@@ -1,8 +1,8 @@
 // The flat collectives (reduce_scatter_tensor, all_gather_into_tensor) on any Comm, in
 // terms of all_reduce and all_gather. See Note [Flat collective fallbacks].
 
-#include "core/check.h"
-#include "core/comm.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/jit_type.h>

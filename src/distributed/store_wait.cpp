@@ -1,7 +1,7 @@
-#include "core/store_wait.h"
+#include "distributed/store_wait.h"
 
-#include "core/comm.h"
-#include "core/rendezvous.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/rendezvous.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -8,8 +8,8 @@
 // (other dtypes, CUDA tensors, several tensors per call) goes to a Gloo group made
 // alongside, over the same store.
 
-#include "core/comm.h"
-#include "core/host_identity.h"
+#include "distributed/comm.h"
+#include "distributed/rendezvous/host_identity.h"
 
 #include <functional>
 #include <memory>

@@ -9,9 +9,9 @@
 #include <ddp/errors.h>
 #include <ddp/distributed/process_group.h>
 
-#include "core/check.h"
-#include "core/comm.h"
-#include "core/store_wait.h"
+#include "distributed/common/check.h"
+#include "distributed/comm.h"
+#include "distributed/store_wait.h"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-#include "core/device_event.h"
+#include "distributed/debug/device_event.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>

@@ -8,9 +8,9 @@
 // registered at run time by enable_standin_device(), never by static initialisers, so
 // a program that does not ask for the stand-in is not touched by it.
 
-#include "core/device_standin.h"
+#include "distributed/backends/device_standin.h"
 
-#include "core/check.h"
+#include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
 

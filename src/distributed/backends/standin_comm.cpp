@@ -5,8 +5,8 @@
 // Then the host group runs it on CPU tensors over the same memory, and the future
 // hands back the caller's device tensors, as NCCL's does.
 
-#include "core/comm.h"
-#include "core/device_standin.h"
+#include "distributed/comm.h"
+#include "distributed/backends/device_standin.h"
 
 #include <ATen/core/ivalue.h>
 

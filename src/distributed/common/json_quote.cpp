@@ -1,4 +1,4 @@
-#include "core/json_quote.h"
+#include "distributed/common/json_quote.h"
 
 #include <cstdio>
 

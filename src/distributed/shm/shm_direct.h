@@ -5,7 +5,7 @@
 // cross-memory copies to and from another process, and the scaled fold. Plain C++ and
 // POSIX, like the transport.
 
-#include "core/shm_transport.h"
+#include "distributed/shm/shm_transport.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,8 @@
 // Reading who we are from launcher variables: torchrun's first, then Slurm's, then
 // Open MPI's. Every malformed value is an error that names the variable.
 
-#include "core/rendezvous.h"
-#include "core/check.h"
+#include "distributed/rendezvous/rendezvous.h"
+#include "distributed/common/check.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
-#include "core/traced_comm.h"
+#include "distributed/debug/traced_comm.h"
 
-#include "core/device_event.h"
-#include "core/store_wait.h"
+#include "distributed/debug/device_event.h"
+#include "distributed/store_wait.h"
 
 #include <ddp/errors.h>
 

@@ -1,4 +1,4 @@
-#include "core/host_identity.h"
+#include "distributed/rendezvous/host_identity.h"
 
 #include <algorithm>
 #include <cstdio>

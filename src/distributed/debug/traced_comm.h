@@ -3,8 +3,8 @@
 // A Comm that numbers, records and (in debug mode) cross-checks every collective of the
 // Comm it wraps. See Note [Flight recorder] and Note [Collective fingerprints].
 
-#include "core/comm.h"
-#include "core/flight_recorder.h"
+#include "distributed/comm.h"
+#include "distributed/debug/flight_recorder.h"
 
 #include <memory>
 #include <mutex>

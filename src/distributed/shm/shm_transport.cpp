@@ -1,6 +1,6 @@
-#include "core/shm_transport.h"
+#include "distributed/shm/shm_transport.h"
 
-#include "core/shm_direct.h"
+#include "distributed/shm/shm_direct.h"
 
 #include <algorithm>
 #include <atomic>

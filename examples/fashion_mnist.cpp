@@ -5,7 +5,7 @@
 // Each "Step N" comment below marks where the lesson's step happens:
 //    1  launch one process per device with the launcher (ddprun, like torchrun)
 //    2  each process knows its rank, the world size and its local rank
-//    3  init_process_group: "nccl" for GPUs, "gloo" for CPUs
+//    3  init_process_group: "nccl" for GPUs, shared memory or "gloo" for CPUs
 //    4  pin each process to its device by local rank
 //    5  wrap the model in DistributedDataParallel
 //    6  backward averages the gradients across processes
@@ -110,9 +110,12 @@ int main(int argc, char** argv) {
                  "follows OMP_NUM_THREADS (ddprun sets it to cores / processes)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  // The rule for an empty backend in the words of InitOptions::backend's doc comment
+  // (include/ddp/distributed/process_group.h); tests/examples checks that they agree.
   app.add_option("--backend", backend,
-                 "gloo, nccl or shm; empty: nccl with GPUs, else shm when every rank is on "
-                 "this host, else gloo")
+                 "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is "
+                 "visible; on CPUs \"shm\" when every rank shares this host, else \"gloo\" (or "
+                 "\"hier\", shared memory within hosts and Gloo between them).")
       ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
   app.add_option("--timeout", timeout_s,
                  "Seconds a rank waits for the others in a collective before it fails")
@@ -160,7 +163,8 @@ int main(int argc, char** argv) {
     const ddp::RankInfo me = ddp::rank_info_from_env();
 
     // Step 3: init_process_group. An empty backend picks "nccl" when this process sees a
-    // GPU; on CPUs, shared memory ("shm") when every rank is on this host, else "gloo".
+    // GPU; on CPUs, shared memory ("shm") when every rank is on this host, else Gloo
+    // between the hosts (--backend's help gives the whole rule).
     // The guard also destroys the group if we exit by an error, so no peer is left
     // waiting for us.
     ddp::ProcessGroupGuard group(ddp::InitOptions()

@@ -6,7 +6,8 @@
 #include <iostream>
 
 int main() try {
-  // Join the other processes (ddprun says who and where); gloo on CPU, nccl on GPUs.
+  // Join the other processes (ddprun says who and where). No backend named: nccl with
+  // GPUs; on CPUs shared memory within a host, gloo between hosts.
   // The guard leaves the group at the end, also when an error unwinds.
   ddp::ProcessGroupGuard group;
   const int rank = ddp::get_rank();

@@ -1,7 +1,7 @@
 #pragma once
 
 // ddp-cpp: PyTorch-style DistributedDataParallel for LibTorch programs.
-// One include for everything. The parts, one folder each (docs/layout.md):
+// One include for everything. The parts, one folder each (docs/architecture.md):
 //   distributed/  process groups, collectives, rendezvous
 //   parallel/     DistributedDataParallel, its hooks and statistics, Join, SyncBatchNorm
 //   amp/          autocast and the gradient scaler

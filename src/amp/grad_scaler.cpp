@@ -152,7 +152,7 @@ void GradScaler::unscale_grads(torch::optim::Optimizer& optimizer, OptimizerStat
     for (const auto& entry : per_device) {
       combined = at::maximum(combined, entry.second.to(scale_.device()));
     }
-    if (pg->size() > 1) pg->all_reduce(combined, ReduceOp::MAX);
+    pg->all_reduce(combined, ReduceOp::MAX);
     per_device.clear();
     per_device.emplace_back(scale_.device(), combined);
   }

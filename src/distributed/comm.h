@@ -1,8 +1,13 @@
 #pragma once
 
-// The one internal interface between ddp-cpp and c10d. Everything that names a c10d
-// type lives in c10d_comm.cpp; the LibTorch 1.13 / 2.x differences live there too.
-// The rest of the library sees only this header.
+// The one internal interface between ddp-cpp and its backends. Everything that names a
+// c10d type lives in backends/c10d_comm.cpp (and work.cpp); the LibTorch 1.13 / 2.x
+// differences live there too. The rest of the library sees only this header.
+// docs/architecture.md draws the layers: process_group.cpp -> TracedComm -> the
+// backend's Comm (C10dComm, ShmComm, HierComm, StandinComm, LocalComm).
+
+#include "distributed/store_wait.h"
+#include "distributed/work.h"
 
 #include <ddp/distributed/process_group.h>
 
@@ -16,11 +21,12 @@ namespace ddp {
 namespace detail {
 
 /// Where and how the ranks meet. Filled in by rendezvous.cpp from InitOptions and the
-/// environment; consumed by Comm::create.
+/// environment, which nothing else in the library reads (docs/environment.md);
+/// consumed by Comm::create (backend_select.cpp) and the backends.
 struct CommConfig {
-  std::string backend;  // "gloo", "nccl", "shm" or "standin"
-  // The user left the backend empty on a CPU: Comm::create picks "shm" when every rank
-  // is on one host (Note [Same host]), else keeps "gloo".
+  std::string backend;  // "gloo", "nccl", "shm", "standin"; "hier" once made
+  // The user left the backend empty on a CPU: Comm::create picks "shm", "hier" or
+  // "gloo" (Note [Backend choice]).
   bool backend_auto = false;
   int rank = 0;
   int world_size = 1;
@@ -55,15 +61,17 @@ struct CommConfig {
   int debug_check_every = 100;            // DDP_DEBUG_CHECK_EVERY: DDP's parameter checksums
   size_t flight_recorder_entries = 2000;  // DDP_FLIGHT_RECORDER_SIZE; 0: off
   std::string flight_recorder_dir;        // DDP_FLIGHT_RECORDER_DIR; empty: no files
+  WaitReport wait_report;                 // DDP_WAIT_REPORT (Note [Waiting that talks])
+
+  // The shm backend (docs/shm.md).
+  size_t shm_slice_bytes = size_t(512) << 10;  // DDP_SHM_SLICE_BYTES
+  size_t shm_direct_chunk_bytes = 0;           // DDP_SHM_CMA_CHUNK_BYTES; 0: the transport's
+  bool shm_zero_copy = true;                   // DDP_SHM_ZERO_COPY=0: buckets in private memory
+  bool shm_direct = true;                      // DDP_SHM_CMA=0: no reduction in place
 };
 
-/// One asynchronous collective in flight.
-class PendingWork {
- public:
-  virtual ~PendingWork() = default;
-  virtual void wait() = 0;
-  virtual c10::intrusive_ptr<c10::ivalue::Future> future() = 0;
-};
+/// "rank 2 of 4 (gloo, env://)", for messages.
+std::string where(const CommConfig& c);
 
 /// A connected group. Collectives take the tensor lists c10d takes.
 ///
@@ -83,10 +91,21 @@ class Comm {
 
   const CommConfig& config() const { return *config_; }
 
-  /// Whether every collective is the identity: the group of one rank that needs no
-  /// backend (LocalComm). Callers may skip work that only matters with peers; a real
-  /// one-rank group (CommConfig::single_rank_group) is not trivial.
+  /// Note [World size 1]
+  /// A group of one rank gets LocalComm, unless a real one-rank group of the backend is
+  /// asked for (CommConfig::single_rank_group). LocalComm owns everything world size 1
+  /// means: every collective is the identity (with the same device checks as with
+  /// peers) and its store lives in the process, so callers run their usual code. Only
+  /// work that exists for the peers' sake and costs time on every step may be skipped
+  /// where trivial() says so: DDP's buckets (the reducer's local mode), ZeRO's parameter
+  /// broadcast, the buffers' broadcast before forward, and SyncBatchNorm, which is plain
+  /// BatchNorm at world size 1 as in PyTorch.
   virtual bool trivial() const { return false; }
+
+  /// Whether all_reduce takes `dtype` natively. False (Gloo, and a hierarchy whose
+  /// hosts' leaders use it, with bfloat16): a caller that may choose reduces in a wider
+  /// type instead (bf16_compress_hook).
+  virtual bool reduces_dtype(c10::ScalarType dtype) const { return true; }
   /// Shared with every PendingWork, which may outlive this Comm.
   const std::shared_ptr<const CommConfig>& shared_config() const { return config_; }
 
@@ -172,6 +191,9 @@ class Comm {
  private:
   uint64_t monitored_barriers_ = 0;
 };
+
+/// LocalComm (Note [World size 1]); local rank and local world size default to 0 and 1.
+std::unique_ptr<Comm> make_local_comm(CommConfig config);
 
 /// The Comm behind a group (throws if it was shut down).
 Comm& comm_of(const ProcessGroup& pg);

@@ -1,63 +1,15 @@
 // The flat collectives (reduce_scatter_tensor, all_gather_into_tensor) on any Comm, in
-// terms of all_reduce and all_gather. See Note [Flat collective fallbacks].
+// terms of all_reduce and all_gather. See Note [Flat collective fallbacks]. An empty
+// collective never reaches the backend: Gloo in 1.13 divides by the element count in
+// its all-gather (SIGFPE).
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/jit_type.h>
 
 namespace ddp {
 namespace detail {
-namespace {
-
-// A collective whose result still has to be copied from `from` into `to` once the
-// backend is done: wait() and the future both copy (copying twice is harmless).
-class CopyAfterWork final : public PendingWork {
- public:
-  CopyAfterWork(std::shared_ptr<PendingWork> inner, at::Tensor from, at::Tensor to)
-      : inner_(std::move(inner)), from_(std::move(from)), to_(std::move(to)) {}
-
-  void wait() override {
-    inner_->wait();
-    to_.copy_(from_);
-  }
-
-  c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    at::Tensor from = from_;
-    at::Tensor to = to_;
-    return inner_->future()->then(
-        [from, to](c10::ivalue::Future&) -> c10::IValue {
-          to.copy_(from);
-          return c10::IValue(std::vector<at::Tensor>{to});
-        },
-        c10::ListType::create(c10::TensorType::get()));
-  }
-
- private:
-  std::shared_ptr<PendingWork> inner_;
-  at::Tensor from_;
-  at::Tensor to_;
-};
-
-// An empty collective: nothing to send. Gloo in 1.13 divides by the element count in
-// its all-gather (SIGFPE), so empty tensors never reach the backend.
-class NothingWork final : public PendingWork {
- public:
-  explicit NothingWork(at::Tensor output) : output_(std::move(output)) {}
-  void wait() override {}
-  c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    auto future =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    future->markCompleted(c10::IValue(std::vector<at::Tensor>{output_}));
-    return future;
-  }
-
- private:
-  at::Tensor output_;
-};
-
-}  // namespace
 
 void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const {
   const int world = config_->world_size;
@@ -77,18 +29,18 @@ void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tenso
 
 std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& output,
                                                                 at::Tensor& input, ReduceOp op) {
-  if (output.numel() == 0) return std::make_shared<NothingWork>(output);
+  if (output.numel() == 0) return done_work({output});
   // A copy, so that the caller's input keeps its values, as with a native reduce-scatter.
   std::vector<at::Tensor> tensors{input.clone()};
   auto work = all_reduce(tensors, op);
   const int64_t n = output.numel();
   at::Tensor chunk = tensors[0].reshape({-1}).narrow(0, config_->rank * n, n).view(output.sizes());
-  return std::make_shared<CopyAfterWork>(std::move(work), std::move(chunk), output);
+  return copy_after_work(std::move(work), std::move(chunk), output);
 }
 
 std::shared_ptr<PendingWork> Comm::all_gather_by_views(at::Tensor& output, at::Tensor& input) {
   const int64_t n = input.numel();
-  if (n == 0) return std::make_shared<NothingWork>(output);
+  if (n == 0) return done_work({output});
   std::vector<std::vector<at::Tensor>> outputs(1);
   const at::Tensor flat = output.view({-1});
   for (int r = 0; r < config_->world_size; ++r) {

@@ -39,7 +39,6 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
   DDP_CHECK(timeout.count() > 0, "monitored_barrier timeout must be > 0 ms, but got ",
             timeout.count(), " (rank ", rank(), ")");
   detail::Comm& c = comm();
-  if (c.trivial()) return;
   const uint64_t n = c.next_monitored_barrier();
   const int me = rank();
   const std::string where = "monitored_barrier #" + std::to_string(n) + " on rank " +
@@ -50,6 +49,7 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
     c.store_set(key(n, std::to_string(me)), "1");
     const auto got =
         detail::wait_for_keys(detail::store_reader(c), {key(n, "verdict")}, timeout + kVerdictGrace,
+                              c.config().wait_report,
                               [&](const std::vector<size_t>&, std::chrono::seconds waited) {
                                 return "[ddp] " + where + ": has waited " +
                                        std::to_string(waited.count()) +
@@ -73,7 +73,7 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout, bool wai
   std::vector<std::string> keys;
   for (int r = 1; r < size(); ++r) keys.push_back(key(n, std::to_string(r)));
   const auto got =
-      detail::wait_for_keys(detail::store_reader(c), keys, timeout,
+      detail::wait_for_keys(detail::store_reader(c), keys, timeout, c.config().wait_report,
                             [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
                               std::vector<int> ranks;
                               for (size_t i : missing) ranks.push_back(static_cast<int>(i) + 1);

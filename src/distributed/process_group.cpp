@@ -94,7 +94,6 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 }
 
 std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes) {
-  if (comm().trivial()) return {bytes};
   // Lengths first, then every rank's bytes padded to the longest.
   const int64_t world = size();
   const at::Tensor lengths =

@@ -1,7 +1,6 @@
 #include "distributed/store_wait.h"
 
 #include "distributed/comm.h"
-#include "distributed/rendezvous/rendezvous.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -14,14 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct ReportTimes {
-  std::chrono::seconds first{10};
-  std::chrono::seconds every{30};
-};
+}  // namespace
 
-ReportTimes report_times() {
-  ReportTimes t;
-  const auto text = env_string("DDP_WAIT_REPORT");
+WaitReport parse_wait_report(const std::optional<std::string>& text) {
+  WaitReport t;
   if (!text) return t;
   int first = 0, every = 0;
   char comma = 0;
@@ -33,12 +28,10 @@ ReportTimes report_times() {
   return t;
 }
 
-}  // namespace
-
 KeyWait wait_for_keys(
     const TryGet& try_get, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+    const WaitReport& times,
     const std::function<std::string(const std::vector<size_t>&, std::chrono::seconds)>& report) {
-  const ReportTimes times = report_times();
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   auto next_report = start + times.first;

@@ -25,13 +25,22 @@ struct KeyWait {
   bool complete() const { return missing.empty(); }
 };
 
+/// When a wait reports who is missing: first after `first`, then every `every`.
+struct WaitReport {
+  std::chrono::seconds first{10};
+  std::chrono::seconds every{30};
+};
+
+/// DDP_WAIT_REPORT's value "first,every" (seconds), for tests and impatient users; the
+/// defaults when unset or malformed. Read once, into CommConfig::wait_report.
+WaitReport parse_wait_report(const std::optional<std::string>& text);
+
 /// Note [Waiting that talks]
-/// Polls until every key exists or `timeout` passes. While waiting, after the first
-/// report_after (10 s) and then at most every report_every (30 s), prints one line to
-/// stderr: `report(missing, waited)`. DDP_WAIT_REPORT="first,every" (seconds) changes
-/// both, for tests and impatient users.
+/// Polls until every key exists or `timeout` passes. While waiting, after when.first
+/// and then at most every when.every, prints one line to stderr:
+/// `report(missing, waited)`.
 KeyWait wait_for_keys(const TryGet& try_get, const std::vector<std::string>& keys,
-                      std::chrono::milliseconds timeout,
+                      std::chrono::milliseconds timeout, const WaitReport& when,
                       const std::function<std::string(const std::vector<size_t>& missing,
                                                       std::chrono::seconds waited)>& report);
 

@@ -1,6 +1,7 @@
 #include <ddp/parallel/comm_hooks.h>
 
 #include "parallel/bucket.h"
+#include "distributed/comm.h"
 #include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
@@ -96,12 +97,11 @@ std::shared_ptr<CommHook> fp16_compress_hook() {
 std::shared_ptr<CommHook> bf16_compress_hook() {
   return make_comm_hook(
       [](GradBucket& bucket) {
-        // Gloo (also the hosts' leaders of "hier") may lack bfloat16 all-reduce (1.13).
-        const std::string& backend = bucket.process_group().backend();
-        const bool gloo = backend == "gloo" || backend == "hier";
+        // A group that cannot reduce bfloat16 (Gloo) reduces the rounded values in float.
+        const bool native = detail::comm_of(bucket.process_group()).reduces_dtype(at::kBFloat16);
         return compressed_allreduce(bucket, at::kBFloat16,
-                                    gloo ? std::optional<at::ScalarType>(at::kFloat)
-                                         : std::nullopt);
+                                    native ? std::nullopt
+                                           : std::optional<at::ScalarType>(at::kFloat));
       },
       "bf16_compress");
 }

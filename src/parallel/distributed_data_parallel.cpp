@@ -168,7 +168,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
   detail::verify_model_across_ranks(*s.pg, description);
   s.named_parameters = description.parameters;
-  s.debug = detail::comm_of(*s.pg).config().debug_detail && s.pg->size() > 1;
+  s.debug = detail::comm_of(*s.pg).config().debug_detail;
   s.debug_check_every = detail::comm_of(*s.pg).config().debug_check_every;
   DDP_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank,
             ": the wrapped "
@@ -197,8 +197,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   ro.gradient_as_bucket_view = o.gradient_as_bucket_view();
   ro.static_graph = o.static_graph();
   // World size 1 has the same reducer (hooks, checks, comm hooks); only the exchange
-  // is skipped (see docs/ddp.md, "World size 1").
-  s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty() && s.pg->size() > 1;
+  // is skipped, by the comm (Note [World size 1]; docs/ddp.md, "World size 1").
+  s.sync_buffers = o.broadcast_buffers() && !s.buffers.empty();
   s.reducer = detail::Reducer::create(std::move(reduced), s.reduced_names, s.pg, ro, s.trace);
 }
 

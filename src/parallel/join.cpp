@@ -9,19 +9,12 @@
 #include <ATen/ATen.h>
 
 #include <exception>
-#include <sstream>
 
 namespace ddp {
 namespace detail {
 namespace {
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i == 0 ? "" : ", ") << ranks[i];
-  return os.str();
-}
-
-std::string where(const ProcessGroup& pg) {
+std::string on_rank(const ProcessGroup& pg) {
   return "on rank " + std::to_string(pg.rank()) + " of " + std::to_string(pg.size());
 }
 
@@ -52,18 +45,18 @@ JoinRound JoinContext::exchange(bool active, bool sync, bool threw) {
   }
   if (!threw_ranks.empty() && !round.active_ranks.empty()) {
     throw EarlyTerminationError(
-        "ddp::join " + where(pg_) + ": rank(s) " + rank_list(threw_ranks) +
-        " ran out of inputs while rank(s) " + rank_list(round.active_ranks) +
+        "ddp::join " + on_rank(pg_) + ": rank(s) " + join_ranks(threw_ranks) +
+        " ran out of inputs while rank(s) " + join_ranks(round.active_ranks) +
         " still had some (round " + std::to_string(rounds_) +
         "). With "
         "JoinOptions::throw_on_early_termination every rank raises here; use the default "
         "(false) to let the ranks that ran out shadow the others instead.");
   }
   if (!synced.empty() && !unsynced.empty()) {
-    throw MismatchError("ddp::join " + where(pg_) + ": in round " + std::to_string(rounds_) +
-                        ", rank(s) " + rank_list(synced) +
+    throw MismatchError("ddp::join " + on_rank(pg_) + ": in round " + std::to_string(rounds_) +
+                        ", rank(s) " + join_ranks(synced) +
                         " ran a forward whose backward is reduced while rank(s) " +
-                        rank_list(unsynced) +
+                        join_ranks(unsynced) +
                         " ran one under no_sync(). Every rank still training must "
                         "use no_sync() for the same forwards.");
   }
@@ -100,7 +93,7 @@ void join(const std::vector<Joinable*>& participants, const std::function<void()
   }
   ProcessGroup& pg = participants[0]->join_process_group();
   for (size_t i = 1; i < participants.size(); ++i) {
-    DDP_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ", detail::where(pg),
+    DDP_CHECK(&participants[i]->join_process_group() == &pg, "ddp::join ", detail::on_rank(pg),
               ": participant #", i,
               " runs on another process group "
               "than participant #0; all participants of one join must share a group.");

@@ -59,12 +59,6 @@ bool same(const Entry& a, const Entry& b) {
          a.extra == b.extra;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 }  // namespace
 
 std::string describe_model(const ModelDescription& model) {
@@ -142,7 +136,6 @@ std::string compare_descriptions(const std::vector<std::string>& per_rank) {
 }
 
 void verify_model_across_ranks(ProcessGroup& pg, const ModelDescription& model) {
-  if (comm_of(pg).trivial()) return;
   std::vector<std::string> all;
   try {
     all = pg.all_gather_bytes(describe_model(model));

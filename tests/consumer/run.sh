@@ -14,16 +14,25 @@ rm -rf "$work" && mkdir -p "$work"
 if (( subproject )); then
   # The LibTorch, build type and compiler launcher of the ddp-cpp build under test.
   cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
-  args=(-DDDP_SOURCE_DIR="$(cd "$here/../.." && pwd)" -DTorch_DIR="$(cache Torch_DIR)"
+  src=$(cd "$here/../.." && pwd)
+  args=(-DDDP_SOURCE_DIR="$src" -DTorch_DIR="$(cache Torch_DIR)"
         -DCMAKE_BUILD_TYPE="$(cache CMAKE_BUILD_TYPE)")
   launcher=$(cache CMAKE_CXX_COMPILER_LAUNCHER)
   [[ -n $launcher ]] && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher")
+  # The library compiles here with the flags of the build under test. So that a compiler
+  # cache answers instead of compiling it all again, the subproject's build folder sits
+  # beside that build (the same depth: the same relative paths to the sources), with the
+  # cache settings scripts/build uses.
+  sub="$(dirname "$(cd "$build" && pwd)")/$(basename "$build")-subproject"
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$src} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+  rm -rf "$sub"
+  trap 'rm -rf "$sub" "$work"' EXIT
   echo "== as a subproject (FetchContent)"
-  cmake -S "$here/subproject" -B "$work/subproject" -G Ninja "${args[@]}" >"$work/configure.log" \
+  cmake -S "$here/subproject" -B "$sub" -G Ninja "${args[@]}" >"$work/configure.log" \
     || { cat "$work/configure.log"; exit 1; }
-  ninja -C "$work/subproject" consumer >/dev/null
-  "$work/subproject/consumer"
-  rm -rf "$work"
+  ninja -C "$sub" consumer >"$work/build.log" || { tail -50 "$work/build.log"; exit 1; }
+  "$sub/consumer"
   exit 0
 fi
 

@@ -156,6 +156,7 @@ class EnvTest(T.DdprunTestCase):
             self.assertEqual(e["MASTER_ADDR"], "127.0.0.1")
             self.assertEqual(e["MASTER_PORT"], str(port))
             self.assertIsNone(e["DDP_RENDEZVOUS_DIR"], "no FileStore folder across hosts")
+            self.assertIsNone(e["DDPRUN_RDZV_LISTEN_FD"], "node 0's handed socket is ddprun's")
 
 
 if __name__ == "__main__":

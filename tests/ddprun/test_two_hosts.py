@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Two 'hosts' made of two network namespaces joined by a veth pair.
 
-    python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"] [--core-tests PATH]
-                              [unittest options]
+    python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"]
+                              [--distributed-tests PATH] [unittest options]
 
 Each namespace runs its own ddprun (--nnodes 2, node 0 in A, node 1 in B,
 --nproc-per-node 2). By default the worker dumps its environment, which is
 checked (RANK 0..3, WORLD_SIZE 4, ...); --worker-cmd swaps in another worker
 (e.g. a real 4-rank all_reduce), which then only has to exit 0 on all ranks.
---core-tests runs the library's test binary without ddprun, two ranks per
-namespace, meeting through init_method file:// in a folder both see (the
+--distributed-tests runs the library's distributed_tests binary without ddprun, two
+ranks per namespace, meeting through init_method file:// in a folder both see (the
 namespaces share the filesystem, as hosts share a network filesystem).
 
 The addresses (10.x.y.1 and .2) exist only inside the two namespaces; the
@@ -35,7 +35,7 @@ VETH = ["dra%d" % (PID % 10**8), "drb%d" % (PID % 10**8)]
 SUBNET = "10.%d.%d" % (200 + PID % 50, (PID // 50) % 250)
 ADDR = [SUBNET + ".1", SUBNET + ".2"]
 WORKER_CMD = None
-CORE_TESTS = None
+DISTRIBUTED_TESTS = None
 
 
 def ip(*args, check=True):
@@ -197,7 +197,7 @@ class TwoHostTest(T.DdprunTestCase):
                 cmd = ["ip", "netns", "exec", NS[host]]
                 if private_shm:
                     cmd += ["unshare", "--mount", "--propagation", "private"]
-                cmd += ["bash", "-c", "\n".join(lines), CORE_TESTS]
+                cmd += ["bash", "-c", "\n".join(lines), DISTRIBUTED_TESTS]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
             deadline = time.monotonic() + timeout
@@ -221,8 +221,8 @@ class TwoHostTest(T.DdprunTestCase):
         # init_method file:// on a shared folder: Gloo binds the veth interface that
         # reaches the other namespace (not 127.0.0.1), and local ranks come from the
         # host identities the ranks exchange, since no launcher sets LOCAL_*.
-        if not CORE_TESTS:
-            self.skipTest("needs --core-tests PATH")
+        if not DISTRIBUTED_TESTS:
+            self.skipTest("needs --distributed-tests PATH")
         # The namespaces share /dev/shm, so an empty backend finds one shared-memory host;
         # with a /dev/shm of their own they are two, and it picks the hierarchy (shared
         # memory within each, Gloo between the leaders).
@@ -262,15 +262,15 @@ class TwoHostTest(T.DdprunTestCase):
 
 
 def main():
-    global WORKER_CMD, CORE_TESTS
+    global WORKER_CMD, DISTRIBUTED_TESTS
     args = sys.argv[1:]
     if "--worker-cmd" in args:
         i = args.index("--worker-cmd")
         WORKER_CMD = shlex.split(args[i + 1])
         del args[i:i + 2]
-    if "--core-tests" in args:
-        i = args.index("--core-tests")
-        CORE_TESTS = os.path.abspath(args[i + 1])
+    if "--distributed-tests" in args:
+        i = args.index("--distributed-tests")
+        DISTRIBUTED_TESTS = os.path.abspath(args[i + 1])
         del args[i:i + 2]
     sys.argv = [sys.argv[0]] + args
     why = setup_namespaces()

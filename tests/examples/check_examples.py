@@ -27,16 +27,25 @@
   check_examples.py data-errors FASHION_MNIST WORKDIR
       A missing data folder, a truncated file and a corrupt gzip stream each stop the
       program with an error naming the file and the package to install.
+
+  check_examples.py backend-help FASHION_MNIST [HEADER]
+      --help's --backend entry states what an empty backend becomes in the words of the
+      "Empty: ..." sentence of InitOptions::backend's doc comment in HEADER (default:
+      include/ddp/distributed/process_group.h), and names each backend listed before it.
+      Needs no data and no torch in Python.
 """
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+PROCESS_GROUP_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
+                               "ddp", "distributed", "process_group.h")
 
 PACKAGE_HINT = "apt-get install dataset-fashion-mnist"
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -350,6 +359,66 @@ def cmd_data_errors(binary, work):
     print("OK")
 
 
+def backend_doc(header):
+    """InitOptions::backend's doc comment in `header`, on one line: (the backends it lists
+    before the rule, the rule's sentence "Empty: ...")."""
+    with open(header) as f:
+        lines = f.read().splitlines()
+    struct_at = next((i for i, line in enumerate(lines) if line.startswith("struct InitOptions")),
+                     None)
+    member_at = next((i for i in range(struct_at or 0, len(lines))
+                      if re.match(r"\s*TORCH_ARG\(std::string, backend\)", lines[i])), None)
+    if struct_at is None or member_at is None:
+        fail(f"{header}: no InitOptions::backend (TORCH_ARG(std::string, backend) in struct "
+             "InitOptions); update check_examples.py")
+    comment = []
+    for line in reversed(lines[struct_at + 1:member_at]):
+        if not line.strip().startswith("///"):
+            break
+        comment.insert(0, line.strip()[3:])
+    text = " ".join(" ".join(comment).split())
+    rule = re.search(r"\bEmpty: .*?\.(?=\s|$)", text)
+    if not rule:
+        fail(f"{header}: InitOptions::backend's doc comment has no sentence \"Empty: ...\"; "
+             "update check_examples.py", text)
+    return re.findall(r'"(\w+)"', text[:rule.start()]), rule.group(0)
+
+
+def option_entry(help_text, flag):
+    """The entry of `flag` in CLI11's --help output on one line (whitespace collapsed), or
+    None. A long description goes on under the option's line, indented."""
+    lines = help_text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"\s*(-\w,\s*)?%s\b" % re.escape(flag), line):
+            entry = [line]
+            for more in lines[i + 1:]:
+                if not more.strip() or re.match(r"\s*-", more):
+                    break
+                entry.append(more)
+            return " ".join(" ".join(entry).split())
+    return None
+
+
+def cmd_backend_help(binary, header=PROCESS_GROUP_H):
+    backends, rule = backend_doc(header)
+    code, out = run([binary, "--help"], timeout=60)
+    if code != 0:
+        fail(f"--help: exit code {code}", out)
+    entry = option_entry(out, "--backend")
+    if entry is None:
+        fail("--help has no --backend option", out)
+    if rule not in entry:
+        fail(f"--help's --backend does not state the rule of InitOptions::backend ({header}):\n"
+             f"  rule : {rule}\n  help : {entry}\n"
+             "Copy the rule's sentence into the option's help in examples/fashion_mnist.cpp.")
+    named = entry[:entry.index(rule)]
+    missing = [b for b in backends if not re.search(r"\b%s\b" % re.escape(b), named)]
+    if missing:
+        fail(f"--help's --backend does not name {missing}, which InitOptions::backend lists "
+             f"({header})", entry)
+    print("OK:", entry)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "run":
         cmd_run(*sys.argv[2:])
@@ -361,5 +430,7 @@ if __name__ == "__main__":
         cmd_minimal(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "data-errors":
         cmd_data_errors(*sys.argv[2:])
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "backend-help":
+        cmd_backend_help(*sys.argv[2:])
     else:
         sys.exit(__doc__)

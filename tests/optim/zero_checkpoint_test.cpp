@@ -3,6 +3,7 @@
 // and ends with the bits of the same run done with the plain optimizer throughout.
 
 #include "optim/zero_test_util.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 

@@ -3,6 +3,7 @@
 // the same run uninterrupted.
 
 #include "optim/zero_test_util.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 
@@ -12,29 +13,17 @@
 #include <cstdio>
 #include <cstdlib>
 
+using ddp_test::contains;
+using ddp_test::env_or;
 using ddp_test::ProcessOptions;
 using ddp_test::run_processes;
+using ddp_test::self_exe;
 using ddp_test::TempDir;
 
 namespace {
 
 constexpr int64_t kSteps = 12;
 constexpr int64_t kKillStep = 7;  // after step 7; the last checkpoint is step 6
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
 
 }  // namespace
 
@@ -108,6 +97,6 @@ TEST(ZeroMultiProcTest, DdprunRestartAfterKill9EndsBitIdentical) {
   const auto restarted = ddp::read_state_dict(tmp.file("restarted.pt"));
   ASSERT_EQ(full.size(), restarted.size());
   for (const auto& e : full) {
-    EXPECT_TRUE(zero_test::same_bits(e.value(), restarted.at(e.key()))) << e.key() << " differs";
+    EXPECT_TRUE(ddp_test::same_bits(e.value(), restarted.at(e.key()))) << e.key() << " differs";
   }
 }

@@ -1,9 +1,9 @@
 // A checkpoint saved by two ranks with ZeroRedundancyOptimizer is, to PyTorch, the
 // checkpoint of a plain torch.optim.Adam: torch.load reads it, Adam.load_state_dict
 // takes its optimizer state, and Python's next step is the C++ plain Adam's next step
-// from the same file. The Python side is tests/data/python/checkpoint_reference.py.
+// from the same file. The Python side is tests/serialize/python/checkpoint_reference.py.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
 
 #include <ddp/serialize/checkpoint.h>
@@ -54,7 +54,7 @@ TEST(ZeroCheckpointPythonTest, PythonLoadsAZeroCheckpointAsAPlainAdam) {
 
   std::string output;
   const std::string script = std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                             "/tests/data/python/checkpoint_reference.py";
+                             "/tests/serialize/python/checkpoint_reference.py";
   const int rc = ddp_test::run_command(script + " continue " + dir.file("c.pt") + " adam " +
                                            dir.file("py.pt") + " " + dir.file("report.json"),
                                        &output);
@@ -79,7 +79,7 @@ TEST(ZeroCheckpointPythonTest, PythonLoadsAZeroCheckpointAsAPlainAdam) {
   for (const auto& e : ddp::model_state_dict(*net)) {
     ASSERT_TRUE(python.contains(e.key())) << e.key();
     const at::Tensor p = python.at(e.key());
-    // As in tests/data/checkpoint_python_test.cpp: 2.x's Python Adam and LibTorch's
+    // As in tests/serialize/checkpoint_python_test.cpp: 2.x's Python Adam and LibTorch's
     // round about an ulp apart; a lost moment would move a step of lr 0.05 by ~1e-2.
     EXPECT_LE((e.value().to(at::kDouble) - p.to(at::kDouble)).abs().max().item<double>(), 1e-7)
         << e.key();

@@ -2,8 +2,9 @@
 // the same parameters, bit for bit, on every rank; 1/world_size of the state per rank.
 
 #include "optim/zero_test_util.h"
+#include "support/util.h"
 
-#include "../../src/optim/partition.h"
+#include "optim/partition.h"
 
 #include <torch/serialize/output-archive.h>
 
@@ -153,7 +154,7 @@ TEST(ZeroEquivalenceGroupsTest, ParamGroupsAndTwoDtypes) {
       zero.step();
     }
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_TRUE(zero_test::same_bits(a[i], b[i])) << "parameter " << i;
+      EXPECT_TRUE(ddp_test::same_bits(a[i], b[i])) << "parameter " << i;
     }
     EXPECT_DOUBLE_EQ(zero.local_optimizer().param_groups()[1].options().get_lr(), 0.003);
   });

@@ -4,6 +4,7 @@
 // reference for ZeRO is always the same training with the unsharded optimizer.
 
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/errors.h>
@@ -15,15 +16,9 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
-
-/// Expects error text `message` to contain `fragment`, showing both otherwise.
-#define EXPECT_ERROR_HAS(message, fragment)                         \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos) \
-      << "expected to find: " << (fragment) << "\n in: " << (message)
 
 namespace zero_test {
 
@@ -102,18 +97,6 @@ void train_step(Model& dmodel, torch::optim::Optimizer& opt, int rank, int64_t s
   opt.step();
 }
 
-/// Same dtype, shape and bytes.
-inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const at::Tensor ca = a.contiguous().cpu();
-  const at::Tensor cb = b.contiguous().cpu();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
-}
-
-inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
 /// Expects every parameter of `a` to have the bits of `b`'s, naming the first that
 /// differs and by how much.
 inline void expect_same_params(const torch::nn::Module& a, const torch::nn::Module& b,
@@ -122,9 +105,9 @@ inline void expect_same_params(const torch::nn::Module& a, const torch::nn::Modu
   const auto pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_TRUE(same_bits(pa[i].value(), pb[i].value()))
+    EXPECT_TRUE(ddp_test::same_bits(pa[i].value(), pb[i].value()))
         << what << ": " << pa[i].key() << " differs by up to "
-        << max_diff(pa[i].value(), pb[i].value());
+        << ddp_test::max_diff(pa[i].value(), pb[i].value());
   }
 }
 
@@ -137,7 +120,9 @@ inline std::string first_difference(const torch::nn::Module& a, const torch::nn:
   for (size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
     const at::Tensor x = grads ? pa[i].value().grad() : pa[i].value();
     const at::Tensor y = grads ? pb[i].value().grad() : pb[i].value();
-    if (x.defined() != y.defined() || (x.defined() && !same_bits(x, y))) return pa[i].key();
+    if (x.defined() != y.defined() || (x.defined() && !ddp_test::same_bits(x, y))) {
+      return pa[i].key();
+    }
   }
   return "";
 }
@@ -147,7 +132,7 @@ inline void expect_same_on_every_rank(ddp::ProcessGroup& pg, const torch::nn::Mo
   for (const auto& p : m.named_parameters()) {
     const auto all = pg.all_gather(p.value().detach().contiguous());
     for (size_t r = 1; r < all.size(); ++r) {
-      EXPECT_TRUE(same_bits(all[0], all[r])) << p.key() << " differs on rank " << r;
+      EXPECT_TRUE(ddp_test::same_bits(all[0], all[r])) << p.key() << " differs on rank " << r;
     }
   }
 }

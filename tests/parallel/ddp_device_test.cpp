@@ -6,11 +6,12 @@
 // buckets through its backend, where the world-size-1 shortcut sends nothing.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include "distributed/comm.h"
 #include "distributed/backends/device_standin.h"
 #include "distributed/rendezvous/rendezvous.h"
-#include "../../src/parallel/bucket.h"
+#include "parallel/bucket.h"
 
 #include <torch/optim/sgd.h>
 

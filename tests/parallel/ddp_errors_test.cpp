@@ -2,6 +2,7 @@
 // pinned by substring: what happened, which parameter, what to do.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include <chrono>
 #include <condition_variable>

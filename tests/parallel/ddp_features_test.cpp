@@ -2,7 +2,7 @@
 
 #include "parallel/ddp_test_util.h"
 
-#include "../../src/parallel/bucket_assignment.h"
+#include "parallel/bucket_assignment.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>

@@ -6,6 +6,7 @@
 // the scope every rank must hold exactly the same parameters.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/join.h>

@@ -2,6 +2,7 @@
 // from the environment as torchrun would: the path a user program takes.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include <torch/optim/sgd.h>
 
@@ -10,14 +11,11 @@
 #include <cstdlib>
 #include <string>
 
+using ddp_test::fail;
+
 namespace {
 
 constexpr int64_t kPerRank = 5;
-
-int fail(const char* what) {
-  std::fprintf(stderr, "rank %d: %s\n", ddp::get_rank(), what);
-  return 1;
-}
 
 }  // namespace
 

@@ -9,12 +9,15 @@
 // way; bucket splitting is checked against single-process math elsewhere.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include <torch/optim/sgd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+
+using ddp_test::fail;
 
 namespace {
 
@@ -69,11 +72,6 @@ void load_flat(torch::nn::Module& m, const at::Tensor& flat) {
     p.copy_(flat.slice(0, offset, offset + p.numel()).view_as(p));
     offset += p.numel();
   }
-}
-
-int fail(const std::string& what) {
-  std::fprintf(stderr, "rank %d: %s\n", ddp::get_rank(), what.c_str());
-  return 1;
 }
 
 }  // namespace

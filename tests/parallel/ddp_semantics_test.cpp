@@ -7,6 +7,7 @@
 // closed forms.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include "distributed/comm.h"
 

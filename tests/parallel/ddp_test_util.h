@@ -6,6 +6,7 @@
 // whole (concatenated) batch, or per-shard where the maths requires it.
 
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/errors.h>
@@ -25,11 +26,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-/// Expects error text `message` to contain `fragment`, showing both otherwise.
-#define EXPECT_ERROR_HAS(message, fragment)                         \
-  EXPECT_NE(std::string(message).find(fragment), std::string::npos) \
-      << "expected to find: " << (fragment) << "\n in: " << (message)
 
 namespace ddp_test {
 

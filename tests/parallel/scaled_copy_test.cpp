@@ -1,7 +1,7 @@
 // The bucket copies of the reducer (src/parallel/scaled_copy.h) against ATen and memcpy,
 // bit for bit, on both sides of the streaming threshold and at unaligned addresses.
 
-#include "../../src/parallel/scaled_copy.h"
+#include "parallel/scaled_copy.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -6,6 +6,7 @@
 // the ranks' statistics instead of weighting them by count fails these tests.
 
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"

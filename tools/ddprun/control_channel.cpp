@@ -150,7 +150,6 @@ int handed_listener(const std::string& fd_text, int port, std::string& error) {
   const int f = static_cast<int>(fd);
   fcntl(f, F_SETFD, fcntl(f, F_GETFD) | FD_CLOEXEC);
   fcntl(f, F_SETFL, fcntl(f, F_GETFL) | O_NONBLOCK);
-  unsetenv("DDPRUN_RDZV_LISTEN_FD");  // nor is the variable
   return f;
 }
 

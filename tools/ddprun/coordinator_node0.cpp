@@ -237,7 +237,10 @@ int handed_over(const Options& o) {
   if (!handed) return -1;
   std::string error;
   const int fd = handed_listener(handed, o.rdzv_port, error);
-  if (fd >= 0) return fd;
+  if (fd >= 0) {
+    unsetenv("DDPRUN_RDZV_LISTEN_FD");  // the workers inherit neither the socket nor the variable
+    return fd;
+  }
   std::cerr << "ddprun: error: DDPRUN_RDZV_LISTEN_FD=" << handed << ": " << error
             << ". Hand over a socket that listens on the rendezvous port, or unset it.\n";
   return kHandedBad;

@@ -6,12 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
 #include "signals.h"
 #include "sysinfo.h"
+#include "worker_env.h"
 
 namespace ddprun {
 
@@ -20,7 +20,11 @@ constexpr double kStrayDrainSeconds = 2.0;
 }  // namespace
 
 Supervisor::Supervisor(const Options& o, Coordinator& coordinator, std::string omp_threads)
-    : o_(o), coord_(coordinator), omp_threads_(std::move(omp_threads)), host_(host_name()) {}
+    : o_(o),
+      coord_(coordinator),
+      omp_threads_(std::move(omp_threads)),
+      host_(host_name()),
+      user_flight_dir_(user_flight_recorder_dir()) {}
 
 Supervisor::~Supervisor() { remove_tree(rendezvous_dir_); }
 
@@ -212,17 +216,16 @@ void Supervisor::finish_attempt() {
   }
   out_.clear();  // flushes any last partial lines
   err_.clear();
-  const char* user_flight_dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
-  const std::string flight_dir =
-      !flight_dir_.empty() ? flight_dir_ : (user_flight_dir ? user_flight_dir : "");
-  if (failure_ && !flight_dir.empty()) {
-    failure_->flight_recorder_dir = flight_dir;
-    failure_->flight_recorder_files = flight_recorder_files(flight_dir);
+  if (failure_ && !flight_dir_.empty()) {
+    failure_->flight_recorder_dir = flight_dir_;
+    failure_->flight_recorder_files = flight_recorder_files(flight_dir_);
   }
-  if (!flight_dir_.empty() && (!failure_ || failure_->flight_recorder_files.empty())) {
+  if (flight_dir_made_ && !flight_dir_.empty() &&
+      (!failure_ || failure_->flight_recorder_files.empty())) {
     remove_tree(flight_dir_);
   }
   flight_dir_.clear();
+  flight_dir_made_ = false;
   remove_tree(rendezvous_dir_);
   rendezvous_dir_.clear();
   workers_.clear();  // their ids may be reused by now

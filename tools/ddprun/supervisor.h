@@ -43,6 +43,7 @@ class Supervisor {
   Coordinator& coord_;
   const std::string omp_threads_;
   const std::string host_;
+  const std::string user_flight_dir_;  // DDP_FLIGHT_RECORDER_DIR (empty: ddprun makes one)
 
   State state_ = State::Idle;
   int attempt_ = -1;
@@ -51,7 +52,9 @@ class Supervisor {
   std::vector<int> members_;  // MIN:MAX: the attempt's nodes by group rank (empty: fixed)
   int group_rank_ = 0;        // this host's, in the attempt started last
   std::string rendezvous_dir_;
-  std::string flight_dir_;  // this attempt's flight recorder folder, if ddprun made it
+  std::string flight_dir_;        // where this attempt's workers write their flight records
+  bool flight_dir_made_ = false;  // by ddprun, for this attempt: removed when the attempt
+                                  // ends, unless a failure left files in it
   std::string log_root_;
   std::vector<Worker> workers_;
   std::vector<std::unique_ptr<LineStream>> out_, err_;

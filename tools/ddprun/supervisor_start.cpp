@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -43,14 +42,15 @@ void Supervisor::start_attempt(int attempt) {
     }
   }
   // Note [Flight recorder] (src/distributed/debug/flight_recorder.h): workers write their last
-  // collectives here when one fails, and at exit; kept only if the attempt fails.
-  const char* user_flight_dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
-  if (user_flight_dir == nullptr || *user_flight_dir == '\0') {
+  // collectives here when one fails, and at exit. The user's folder is passed on as it is;
+  // one ddprun makes is kept only if the attempt fails (finish_attempt).
+  flight_dir_made_ = user_flight_dir_.empty();
+  if (flight_dir_made_) {
     std::string error;
     flight_dir_ = info.flight_recorder_dir =
         make_rendezvous_dir("flight-" + run_id_, attempt, error);
   } else {
-    flight_dir_.clear();
+    flight_dir_ = user_flight_dir_;  // the workers inherit DDP_FLIGHT_RECORDER_DIR
   }
   std::string log_dir;
   if (o_.redirect | o_.tee) {

@@ -60,6 +60,11 @@ std::string default_omp_threads(int local_workers) {
   return std::to_string(threads > 1 ? threads : 1);
 }
 
+std::string user_flight_recorder_dir() {
+  const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR");
+  return dir ? dir : "";
+}
+
 std::string make_rendezvous_dir(const std::string& run_id, int attempt, std::string& error) {
   const char* tmp = std::getenv("TMPDIR");
   std::string safe_id = run_id.substr(0, 40);

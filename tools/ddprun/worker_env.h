@@ -30,6 +30,10 @@ std::vector<std::string> worker_environment(const Options& o, int local_rank, co
 // OMP_NUM_THREADS for the workers when the user has not set it, else empty.
 std::string default_omp_threads(int local_workers);
 
+// The DDP_FLIGHT_RECORDER_DIR the user set, which the workers then inherit; empty when it
+// is unset or empty, and then ddprun makes a folder per attempt (Note [Flight recorder]).
+std::string user_flight_recorder_dir();
+
 // A fresh private folder (mode 0700) for the workers' FileStore, or empty with
 // `error` set.
 std::string make_rendezvous_dir(const std::string& run_id, int attempt, std::string& error);

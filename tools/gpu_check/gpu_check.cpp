@@ -521,8 +521,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"single", "ranks", "stream"}));
   app.add_option("--backend", backend,
-                 "nccl, gloo, or empty for the library's choice (nccl with GPUs; "
-                 "standin under DDP_DEVICE_STANDIN=1)")
+                 "nccl, gloo, or empty for the library's choice (InitOptions::backend's "
+                 "rule: nccl where LibTorch has CUDA and a GPU is visible; standin under "
+                 "DDP_DEVICE_STANDIN=1)")
       ->check(CLI::IsMember({"", "nccl", "gloo"}));
   app.add_option("--iters", iters, "timed steps of the overhead case")->capture_default_str();
   app.add_option("--timeout", timeout_s, "process-group timeout, seconds")

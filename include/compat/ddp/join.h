@@ -1,4 +1,4 @@
 #pragma once
 // 0.1's flat path, kept for existing programs; new code includes <ddp/parallel/join.h>
-// or simply <ddp/ddp.h>. See docs/layout.md.
+// or simply <ddp/ddp.h>. See docs/architecture.md.
 #include <ddp/parallel/join.h>

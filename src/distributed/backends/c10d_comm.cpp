@@ -1,4 +1,4 @@
-// Every c10d call of ddp-cpp is in this file.
+// Every c10d call of ddp-cpp is in this file (and c10d::Work's, in work.cpp).
 //
 // Note [LibTorch versions]
 // In 1.13, ProcessGroupGloo and ProcessGroupNCCL derive from c10d::ProcessGroup; in 2.x
@@ -21,14 +21,9 @@
 // cannot reach compiled code of ours. What must match, and does, is the c10d side:
 // the class layouts and signatures come from pip torch's own headers.
 
+#include "distributed/backends/c10d_comm.h"
+
 #include "distributed/common/check.h"
-#include "distributed/comm.h"
-#include "distributed/backends/device_standin.h"
-#include "distributed/backends/hier_comm.h"
-#include "distributed/rendezvous/host_identity.h"
-#include "distributed/backends/shm_comm.h"
-#include "distributed/store_wait.h"
-#include "distributed/debug/traced_comm.h"
 
 #include <ddp/errors.h>
 
@@ -66,12 +61,6 @@ namespace ddp {
 namespace detail {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
@@ -86,91 +75,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "AVG must be lowered to SUM before reaching c10d");
 }
 
-}  // namespace
-
-std::string cause_text(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
-
-namespace {
-
-std::string where(const CommConfig& c) {
-  return "rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) + " (" +
-         c.backend + ", " + c.init_method + ")";
-}
-
-class C10dWork final : public PendingWork {
- public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<const CommConfig> config,
-           std::string what)
-      : work_(std::move(work)), config_(std::move(config)), what_(std::move(what)) {}
-
-  void wait() override {
-    try {
-      // Note [NCCL waits on the stream]: with an explicit timeout, WorkNCCL::wait blocks
-      // the host until the kernel finishes. Without one it only makes the current CUDA
-      // stream wait on NCCL's (an event), which is what DDP wants; NCCL's watchdog
-      // enforces the group's timeout instead. Gloo's wait is a host wait either way.
-      if (config_->backend == "nccl") {
-        work_->wait();
-      } else {
-        work_->wait(config_->timeout);
-      }
-    } catch (const std::exception& e) {
-      rethrow_comm_error(e, *config_, what_);
-    }
-  }
-
-  c10::intrusive_ptr<c10::ivalue::Future> future() override { return work_->getFuture(); }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  // Shared, not borrowed: a Work may outlive its group's shutdown().
-  std::shared_ptr<const CommConfig> config_;
-  std::string what_;
-};
-
-// A finished collective, for the world-size-1 path.
-class DoneWork final : public PendingWork {
- public:
-  explicit DoneWork(std::vector<at::Tensor> value) : value_(std::move(value)) {}
-  void wait() override {}
-  c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    auto fut =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    fut->markCompleted(c10::IValue(value_));
-    return fut;
-  }
-
- private:
-  std::vector<at::Tensor> value_;
-};
-
-// A flat collective's work. Some backends' works for these have no future (Gloo's
-// reduce_scatter in 2.x: "Work::getFuture not implemented"); then future() waits for
-// the work and hands back a completed future holding the output, as the others do.
-class FlatWork final : public PendingWork {
- public:
-  FlatWork(std::shared_ptr<PendingWork> inner, at::Tensor output)
-      : inner_(std::move(inner)), output_(std::move(output)) {}
-  void wait() override { inner_->wait(); }
-  c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    try {
-      return inner_->future();
-    } catch (const c10::Error&) {
-      inner_->wait();
-      return DoneWork({output_}).future();
-    }
-  }
-
- private:
-  std::shared_ptr<PendingWork> inner_;
-  at::Tensor output_;
-};
-
 void store_set_on(c10d::Store& store, const std::string& key, const std::string& value) {
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -179,6 +83,28 @@ std::optional<std::string> store_try_get_on(c10d::Store& store, const std::strin
   if (!store.check({key})) return std::nullopt;
   const std::vector<uint8_t> bytes = store.get(key);
   return std::string(bytes.begin(), bytes.end());
+}
+
+class C10dStore final : public Store {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_set_on(*store_, key, value);
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    return store_try_get_on(*store_, key);
+  }
+  std::shared_ptr<Store> prefixed(const std::string& prefix) override {
+    return std::make_shared<C10dStore>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_));
+  }
+  const c10::intrusive_ptr<c10d::Store>& get() const { return store_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+const c10::intrusive_ptr<c10d::Store>& c10d_store(const std::shared_ptr<Store>& store) {
+  return static_cast<const C10dStore&>(*store).get();
 }
 
 // Note [NCCL shutdown]. Gloo's works complete on the host: nothing to do first.
@@ -260,7 +186,7 @@ class C10dComm final : public Comm {
       opts.timeout = config_->timeout;
       if (auto work = run_native("reduce_scatter_tensor", native_reduce_scatter_,
                                  [&] { return pg()->_reduce_scatter_base(output, input, opts); })) {
-        return std::make_shared<FlatWork>(std::move(work), output);
+        return flat_work(std::move(work), output);
       }
     }
     return reduce_scatter_by_all_reduce(output, input, op);
@@ -274,7 +200,7 @@ class C10dComm final : public Comm {
       opts.timeout = config_->timeout;
       if (auto work = run_native("all_gather_into_tensor", native_all_gather_,
                                  [&] { return pg()->_allgather_base(output, input, opts); })) {
-        return std::make_shared<FlatWork>(std::move(work), output);
+        return flat_work(std::move(work), output);
       }
     }
     return all_gather_by_views(output, input);
@@ -294,6 +220,11 @@ class C10dComm final : public Comm {
   }
   std::optional<std::string> store_try_get(const std::string& key) override {
     return store_try_get_on(*store(), key);
+  }
+
+  // Note [Gloo and bfloat16]: Gloo in LibTorch 1.13 has no bfloat16 all-reduce.
+  bool reduces_dtype(c10::ScalarType dtype) const override {
+    return config_->backend == "nccl" || dtype != at::kBFloat16;
   }
 
   void shutdown() override {
@@ -338,7 +269,7 @@ class C10dComm final : public Comm {
       rethrow_comm_error(e, *config_, what);
     }
     track(work);
-    return std::make_shared<C10dWork>(std::move(work), config_, what);
+    return c10d_work(std::move(work), config_, what);
   }
 
   // run() for an op the backend may not have: nullptr (and `native` cleared) when it
@@ -354,7 +285,7 @@ class C10dComm final : public Comm {
       return nullptr;
     }
     track(work);
-    return std::make_shared<C10dWork>(std::move(work), config_, what);
+    return c10d_work(std::move(work), config_, what);
   }
 
   // Works launched and not yet seen complete, for shutdown(). Completed ones are
@@ -384,31 +315,6 @@ class C10dComm final : public Comm {
   std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
   std::atomic<bool> native_reduce_scatter_{true};
   std::atomic<bool> native_all_gather_{true};
-};
-
-// World size 1: nothing to exchange, every collective is the identity.
-class LocalComm final : public Comm {
- public:
-  explicit LocalComm(CommConfig config) : Comm(std::move(config)) {}
-  bool trivial() const override { return true; }
-  // The same device checks as with peers, so that code that runs at world size 1
-  // does not first fail at 2.
-  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp) override {
-    check_devices("all_reduce", tensors);
-    return std::make_shared<DoneWork>(tensors);
-  }
-  std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int) override {
-    check_devices("broadcast", tensors);
-    return std::make_shared<DoneWork>(tensors);
-  }
-  std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                          std::vector<at::Tensor>& inputs) override {
-    check_devices("all_gather", inputs);
-    for (size_t i = 0; i < inputs.size(); ++i) outputs[i][0].copy_(inputs[i]);
-    return std::make_shared<DoneWork>(inputs);
-  }
-  void barrier() override {}
-  void shutdown() override {}
 };
 
 // c10's own log threshold, raised to FATAL for a scope. LibTorch builds with glog
@@ -454,13 +360,6 @@ c10::intrusive_ptr<c10d::Store> make_store(const CommConfig& c) {
       break;
   }
   TORCH_INTERNAL_ASSERT(false, "no store configured for world size ", c.world_size);
-}
-
-std::string store_description(const CommConfig& c) {
-  if (c.store == CommConfig::StoreKind::kTcp) {
-    return "the TCPStore at " + c.master_addr + ":" + std::to_string(c.master_port);
-  }
-  return "the FileStore at " + c.store_path;
 }
 
 // Note [SIGPIPE]
@@ -529,64 +428,61 @@ std::unique_ptr<Comm> make_nccl(const CommConfig& c, const c10::intrusive_ptr<c1
 
 }  // namespace
 
-// ---- Devices (Note [Device discipline]) ------------------------------------------------
-
-void Comm::store_set(const std::string& key, const std::string&) {
-  TORCH_INTERNAL_ASSERT(false, "this group has no store (key ", key, ")");
-}
-
-std::optional<std::string> Comm::store_try_get(const std::string& key) {
-  TORCH_INTERNAL_ASSERT(false, "this group has no store (key ", key, ")");
-}
-
-c10::Device Comm::device() const {
-  if (config_->backend == "nccl") {
-    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(config_->local_rank));
-  }
-  return c10::Device(c10::DeviceType::CPU);
-}
-
-at::Tensor Comm::to_device(const at::Tensor& t) {
-  const c10::Device d = device();
-  if (d.is_cuda() && t.is_cpu()) {
-    // From pinned memory without blocking, as PyTorch's reducer copies its bookkeeping: a
-    // pageable copy would synchronise the stream. The caching host allocator keeps the
-    // pinned block until the copy is done.
-    return t.pin_memory().to(d, /*non_blocking=*/true);
-  }
-  return t.to(d);
-}
-
-at::Tensor Comm::to_host(const at::Tensor& t) { return t.to(c10::Device(c10::DeviceType::CPU)); }
-
-bool Comm::accepts(const c10::Device& d) const {
-  // NCCL reads only this rank's GPU; Gloo reduces host memory and CUDA tensors.
-  if (config_->backend == "nccl" || config_->backend == "standin") return d == device();
-  return d.is_cpu() || d.is_cuda();
-}
-
-void Comm::check_devices(const char* what, const std::vector<at::Tensor>& tensors) const {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].defined()) continue;  // the backend names that itself
-    const c10::Device d = tensors[i].device();
-    if (C10_UNLIKELY(!accepts(d))) {
-      DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
-                ", but this group's collectives take tensors on ", device(),
-                config_->backend == "nccl"      ? " (the \"nccl\" backend reads only the GPU "
-                                                  "of this rank's local rank)"
-                : config_->backend == "standin" ? " (like \"nccl\", the \"standin\" backend "
-                                                  "reads only this rank's device: a tensor "
-                                                  "made on the host must be moved first)"
-                                                : "",
-                ". Move it first, e.g. t.to(pg.device()).");
+std::shared_ptr<Store> open_store(const CommConfig& c) {
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    // A one-rank group meets nobody: a store in this process serves it.
+    if (c.world_size == 1 && c.store == CommConfig::StoreKind::kNone) {
+      store = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      store = make_store(c);
     }
-    if (C10_UNLIKELY(i > 0 && tensors[0].defined() && d != tensors[0].device())) {
-      DDP_CHECK(false, what, " on ", where(*config_), ": tensor ", i, " is on ", d,
-                " but tensor 0 is on ", tensors[0].device(),
-                "; one collective takes "
-                "tensors of one device.");
+  } catch (const std::exception& e) {
+    const std::string text = cause_text(e);
+    const std::string t = ascii_lower(text);
+    if (t.find("address already in use") != std::string::npos) {
+      throw ProcessGroupError("rank 0 could not listen on port " + std::to_string(c.master_port) +
+                              " of " + c.master_addr +
+                              ": the port is already in use. Choose a free MASTER_PORT (or "
+                              "let ddprun pick one with --master-port 0). Cause: " +
+                              text);
     }
+    if (classify_comm_failure(text) == CommFailure::kTimeout ||
+        t.find("connect") != std::string::npos) {
+      throw TimeoutError("rank " + std::to_string(c.rank) + " could not reach the master at " +
+                         c.master_addr + ":" + std::to_string(c.master_port) + " within " +
+                         std::to_string(c.timeout.count()) +
+                         " ms: no answer. Check MASTER_ADDR and MASTER_PORT, that rank 0 "
+                         "is running, and that the port is reachable. Cause: " +
+                         text);
+    }
+    throw ProcessGroupError("rank " + std::to_string(c.rank) + " could not open " +
+                            store_description(c) + ". Cause: " + text);
   }
+
+  return std::make_shared<C10dStore>(std::move(store));
+}
+
+std::string store_description(const CommConfig& c) {
+  if (c.store == CommConfig::StoreKind::kTcp) {
+    return "the TCPStore at " + c.master_addr + ":" + std::to_string(c.master_port);
+  }
+  return "the FileStore at " + c.store_path;
+}
+
+std::unique_ptr<Comm> make_gloo_comm(const CommConfig& config,
+                                     const std::shared_ptr<Store>& store) {
+  return make_gloo(config, c10d_store(store));
+}
+
+std::unique_ptr<Comm> make_nccl_comm(const CommConfig& config,
+                                     const std::shared_ptr<Store>& store) {
+#ifdef DDP_WITH_NCCL
+  return make_nccl(config, c10d_store(store));
+#else
+  (void)store;
+  TORCH_INTERNAL_ASSERT(false, "backend \"nccl\" on ", where(config), " in a build without NCCL");
+#endif
 }
 
 bool nccl_compiled() {
@@ -644,293 +540,6 @@ bool cuda_available() {
 #else
   return false;
 #endif
-}
-
-CommFailure classify_comm_failure(const std::string& cause) {
-  const std::string t = lower(cause);
-  const bool timeout =
-      t.find("timed out") != std::string::npos || t.find("timeout") != std::string::npos;
-  return timeout ? CommFailure::kTimeout : CommFailure::kBroken;
-}
-
-bool is_unsupported_op(const std::string& cause) {
-  // 1.13: "ProcessGroupGloo does not support _reduce_scatter_base", "no support for
-  // _allgather_base in Gloo process group".
-  const std::string t = lower(cause);
-  return t.find("does not support") != std::string::npos ||
-         t.find("no support for") != std::string::npos;
-}
-
-void throw_comm_failure(CommFailure kind, const std::string& message) {
-  if (kind == CommFailure::kTimeout) throw TimeoutError(message);
-  throw ProcessGroupError(message);
-}
-
-void rethrow_comm_error(const std::exception& e, const CommConfig& config,
-                        const std::string& what) {
-  const std::string text = cause_text(e);
-  if (dynamic_cast<const TimeoutError*>(&e) || dynamic_cast<const ProcessGroupError*>(&e)) {
-    throw;  // already ours
-  }
-  if (classify_comm_failure(text) == CommFailure::kTimeout) {
-    throw TimeoutError(what + " on " + where(config) + " timed out after " +
-                       std::to_string(config.timeout.count()) +
-                       " ms: a peer did not answer. Check that every rank is alive and "
-                       "calls the same collectives in the same order, or raise the "
-                       "timeout. Cause: " +
-                       text);
-  }
-  throw ProcessGroupError(what + " on " + where(config) +
-                          " failed; the process group is broken (state unknown), destroy "
-                          "it and create a new one. Cause: " +
-                          text);
-}
-
-// Note [Waiting that talks] for the rendezvous: each rank announces itself under
-// ddp/arrived/<rank> and waits for all the others, saying whom it waits for, before the
-// backend's own rendezvous (which waits silently and cannot say who is missing) starts.
-// The announcement is the rank's host identity (Note [Same host]); all of them are
-// returned, in rank order.
-std::vector<HostIdentity> wait_for_arrivals(const CommConfig& c, c10d::Store& store) {
-  try {
-    store_set_on(store, "ddp/arrived/" + std::to_string(c.rank), encode(local_host_identity()));
-  } catch (const std::exception& e) {
-    rethrow_comm_error(e, c, "announcing this rank at the rendezvous");
-  }
-  std::vector<std::string> keys;
-  for (int r = 0; r < c.world_size; ++r) keys.push_back("ddp/arrived/" + std::to_string(r));
-  const std::string where_text = store_description(c);
-  KeyWait got;
-  try {
-    got = wait_for_keys([&store](const std::string& key) { return store_try_get_on(store, key); },
-                        keys, c.timeout,
-                        [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
-                          std::vector<int> ranks(missing.begin(), missing.end());
-                          return "[ddp] rank " + std::to_string(c.rank) + " of " +
-                                 std::to_string(c.world_size) + " has waited " +
-                                 std::to_string(waited.count()) + " s at " + where_text +
-                                 " for rank(s) " + join_ranks(ranks) + " to join (timeout " +
-                                 std::to_string(c.timeout.count() / 1000) + " s)";
-                        });
-  } catch (const std::exception& e) {
-    rethrow_comm_error(e, c, "waiting for the other ranks at the rendezvous");
-  }
-  if (got.complete()) {
-    std::vector<HostIdentity> ids(got.values.size());
-    for (size_t r = 0; r < ids.size(); ++r) decode(*got.values[r], ids[r]);
-    return ids;
-  }
-  std::vector<int> ranks(got.missing.begin(), got.missing.end());
-  throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
-                     " waited " + std::to_string(c.timeout.count()) + " ms at " + where_text +
-                     " for the other ranks to join; rank(s) " + join_ranks(ranks) +
-                     " never arrived. Start all " + std::to_string(c.world_size) +
-                     " ranks with the same rendezvous settings (WORLD_SIZE counts every "
-                     "process of the job), or raise the timeout.");
-}
-
-namespace {
-
-std::string describe_host(const HostIdentity& id) {
-  return "'" + (id.hostname.empty() ? std::string("?") : id.hostname) + "' (boot id " +
-         (id.boot_id.empty() ? std::string("unknown") : id.boot_id.substr(0, 8)) + ", /dev/shm " +
-         std::to_string(id.shm_device) + ":" + std::to_string(id.shm_inode) + ")";
-}
-
-// A shared-memory setup whose rendezvous keys live in `store`.
-ShmSetup shm_setup_on(const c10::intrusive_ptr<c10d::Store>& store) {
-  ShmSetup setup;
-  setup.store_set = [store](const std::string& k, const std::string& v) {
-    store_set_on(*store, k, v);
-  };
-  setup.store_try_get = [store](const std::string& k) { return store_try_get_on(*store, k); };
-  return setup;
-}
-
-// The "shm" backend when every rank shares this host, or nullptr for Gloo: backend ""
-// falls back quietly (rank 0 says why when the segment could not be made); backend
-// "shm" throws, saying which ranks are elsewhere or what failed.
-std::unique_ptr<Comm> make_shm(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store,
-                               const std::vector<HostIdentity>& ids) {
-  const bool asked = c.backend == "shm";
-  for (size_t r = 1; r < ids.size(); ++r) {
-    if (same_shm_host(ids[0], ids[r])) continue;
-    if (!asked) return nullptr;
-    throw ProcessGroupError("backend \"shm\" on rank " + std::to_string(c.rank) + " of " +
-                            std::to_string(c.world_size) +
-                            ": shared memory needs every rank of the group on one host, but "
-                            "rank 0 is on " +
-                            describe_host(ids[0]) + " and rank " + std::to_string(r) + " on " +
-                            describe_host(ids[r]) +
-                            ". Use backend \"gloo\", or an empty backend, which picks shared "
-                            "memory only when the ranks share a host.");
-  }
-  ShmSetup setup = shm_setup_on(store);
-  setup.identities = ids;
-  setup.make_fallback = [&c, &store]() {
-    CommConfig g = c;
-    g.backend = "gloo";
-    return make_gloo(g, store);
-  };
-  std::string why_not;
-  auto comm = make_shm_comm(c, setup, &why_not);
-  if (comm) return comm;
-  if (asked) {
-    throw ProcessGroupError("backend \"shm\" on rank " + std::to_string(c.rank) + " of " +
-                            std::to_string(c.world_size) +
-                            ": the shared memory segment could not be set up: " + why_not +
-                            ". Use backend \"gloo\" instead.");
-  }
-  if (c.rank == 0) {
-    std::fprintf(stderr, "[ddp] shared memory is not usable (%s); using gloo\n", why_not.c_str());
-  }
-  return nullptr;
-}
-
-// Note [Hierarchical all-reduce]: for an empty backend on CPUs, when the ranks span
-// hosts and some host has several. nullptr when the hierarchy does not apply.
-std::unique_ptr<Comm> make_hier(const CommConfig& c, const c10::intrusive_ptr<c10d::Store>& store,
-                                const std::vector<HostIdentity>& ids) {
-  const HostLayout layout = host_layout(ids, c.rank);
-  if (!wants_hierarchy(layout)) return nullptr;
-  auto global = make_gloo(c, store);
-  std::unique_ptr<Comm> local;
-  std::string why_not;
-  if (layout.local_size > 1) {
-    c10::intrusive_ptr<c10d::Store> host_store =
-        c10::make_intrusive<c10d::PrefixStore>("ddp/hier/host" + std::to_string(layout.host),
-                                               store);
-    CommConfig lc = c;
-    lc.rank = layout.local_rank;
-    lc.world_size = layout.local_size;
-    ShmSetup setup = shm_setup_on(host_store);
-    for (int r : layout.host_ranks) setup.identities.push_back(ids[static_cast<size_t>(r)]);
-    setup.make_fallback = [] { return std::unique_ptr<Comm>(); };  // all_reduce, broadcast only
-    local = make_shm_comm(lc, setup, &why_not);
-  }
-  // All hosts or none: a host without shared memory makes every rank use plain Gloo.
-  at::Tensor ok = at::full({1}, local || layout.local_size == 1 ? 1 : 0, at::kInt);
-  std::vector<at::Tensor> flag{ok};
-  global->all_reduce(flag, ReduceOp::MIN)->wait();
-  if (ok.item<int>() == 0) {
-    if (!why_not.empty()) {
-      std::fprintf(stderr,
-                   "[ddp] rank %d: shared memory is not usable on this host (%s); the group "
-                   "uses gloo without the hierarchy\n",
-                   c.rank, why_not.c_str());
-    }
-    if (local) local->shutdown();
-    return global;
-  }
-  std::unique_ptr<Comm> leaders;
-  if (layout.leader()) {
-    CommConfig gc = c;
-    gc.rank = layout.host;
-    gc.world_size = layout.hosts;
-    leaders = make_gloo(gc, c10::make_intrusive<c10d::PrefixStore>("ddp/hier/leaders", store));
-  }
-  return make_hier_comm(c, layout, std::move(global), std::move(local), std::move(leaders));
-}
-
-}  // namespace
-
-// Note [Interface from peers]: the interface and local placement of a file:// group.
-static void place_from_peers(CommConfig& c, const std::vector<HostIdentity>& ids) {
-  const LocalPlacement p = local_placement(ids, c.rank);
-  if (c.local_world_size < 0) c.local_world_size = p.local_world_size;
-  if (c.local_rank < 0) c.local_rank = p.local_rank;
-  if (!c.interface_from_peers || !c.gloo_interface.empty()) return;  // GLOO_SOCKET_IFNAME
-  std::string error;
-  c.gloo_interface = choose_gloo_interface(ids, c.rank, &error);
-  if (!error.empty()) {
-    throw ProcessGroupError("rank " + std::to_string(c.rank) + " of " +
-                            std::to_string(c.world_size) + " (" + c.init_method +
-                            "): the ranks span hosts, and Gloo needs an interface that reaches "
-                            "them all, but " +
-                            error +
-                            ". Set GLOO_SOCKET_IFNAME on every rank to the interface that "
-                            "connects the hosts.");
-  }
-  if (c.gloo_interface.empty()) c.gloo_address = "127.0.0.1";
-}
-
-std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
-  if (config.world_size == 1 && !config.single_rank_group) {
-    CommConfig c = config;
-    if (c.local_rank < 0) c.local_rank = 0;
-    if (c.local_world_size < 0) c.local_world_size = 1;
-    std::unique_ptr<Comm> local = std::make_unique<LocalComm>(c);
-    return c.backend == "standin" ? make_standin_comm(std::move(local)) : std::move(local);
-  }
-  CommConfig c = config;
-
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    // A one-rank group meets nobody: a store in this process serves it.
-    if (c.world_size == 1 && c.store == CommConfig::StoreKind::kNone) {
-      store = c10::make_intrusive<c10d::HashStore>();
-    } else {
-      store = make_store(c);
-    }
-  } catch (const std::exception& e) {
-    const std::string text = cause_text(e);
-    const std::string t = lower(text);
-    if (t.find("address already in use") != std::string::npos) {
-      throw ProcessGroupError("rank 0 could not listen on port " + std::to_string(c.master_port) +
-                              " of " + c.master_addr +
-                              ": the port is already in use. Choose a free MASTER_PORT (or "
-                              "let ddprun pick one with --master-port 0). Cause: " +
-                              text);
-    }
-    if (classify_comm_failure(text) == CommFailure::kTimeout ||
-        t.find("connect") != std::string::npos) {
-      throw TimeoutError("rank " + std::to_string(c.rank) + " could not reach the master at " +
-                         c.master_addr + ":" + std::to_string(c.master_port) + " within " +
-                         std::to_string(c.timeout.count()) +
-                         " ms: no answer. Check MASTER_ADDR and MASTER_PORT, that rank 0 "
-                         "is running, and that the port is reachable. Cause: " +
-                         text);
-    }
-    throw ProcessGroupError("rank " + std::to_string(c.rank) + " could not open " +
-                            store_description(c) + ". Cause: " + text);
-  }
-
-  const std::vector<HostIdentity> identities = wait_for_arrivals(c, *store);
-  if (c.placement_from_peers) place_from_peers(c, identities);
-
-  // Every collective is numbered and recorded (Note [Flight recorder]), and checked
-  // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
-  auto traced = [&c](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
-    if (!c.debug_detail && c.flight_recorder_entries == 0) return comm;
-    return std::make_unique<TracedComm>(std::move(comm));
-  };
-  try {
-    if (c.backend == "shm" || c.backend_auto) {
-      if (auto comm = make_shm(c, store, identities)) return traced(std::move(comm));
-    }
-    if (c.backend_auto) {
-      if (auto comm = make_hier(c, store, identities)) return traced(std::move(comm));
-    }
-    if (c.backend == "gloo") return traced(make_gloo(c, store));
-    if (c.backend == "standin") return traced(make_standin_comm(make_gloo(c, store)));
-#ifdef DDP_WITH_NCCL
-    if (c.backend == "nccl") return traced(make_nccl(c, store));
-#endif
-  } catch (const std::exception& e) {
-    if (classify_comm_failure(cause_text(e)) == CommFailure::kTimeout) {
-      throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
-                         " waited " + std::to_string(c.timeout.count()) + " ms at " +
-                         store_description(c) +
-                         " for the other ranks to join, and not all of them did. Start "
-                         "all " +
-                         std::to_string(c.world_size) +
-                         " ranks with the same rendezvous settings, or raise the timeout. "
-                         "Cause: " +
-                         cause_text(e));
-    }
-    rethrow_comm_error(e, c, "creating the " + c.backend + " process group");
-  }
-  TORCH_INTERNAL_ASSERT(false, "backend '", c.backend, "' reached Comm::create unchecked");
 }
 
 }  // namespace detail

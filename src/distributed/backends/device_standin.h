@@ -15,7 +15,7 @@
 // which is slow but exact: a stand-in run gives the bits of a CPU run. Events record
 // the host clock, so that code timed with device events runs too.
 //
-// The "standin" backend (comm_standin.cpp) is NCCL's contract over Gloo: collectives
+// The "standin" backend (standin_comm.cpp) is NCCL's contract over Gloo: collectives
 // take only tensors on this rank's stand-in device, and run on host aliases of them.
 // It checks placement, not stream order: its waits really wait, as NCCL's do not.
 //

@@ -2,6 +2,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/backends/shm_comm.h"
+#include "distributed/task_queue.h"
 
 #include <ddp/errors.h>
 
@@ -10,11 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
 
 namespace ddp {
 namespace detail {
@@ -26,55 +23,6 @@ bool shm_carries(const std::vector<at::Tensor>& tensors) {
          shm_reduces(tensors[0].scalar_type());
 }
 
-// Runs the hierarchy's all-reduces one after another, in launch order, on one thread,
-// so that they are asynchronous as Gloo's are (DDP's buckets overlap backward). stop()
-// lets the thread run what is queued (tasks check whether the group was shut down and
-// then fail at once) and joins it.
-class Sequencer {
- public:
-  Sequencer() : worker_([this] { loop(); }) {}
-  ~Sequencer() { stop(); }
-
-  void submit(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      TORCH_INTERNAL_ASSERT(!stopping_, "collective launched on a shut-down group");
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-  }
-
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_one();
-    if (worker_.joinable()) worker_.join();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
-};
-
 class HierComm final : public Comm {
  public:
   HierComm(CommConfig config, HostLayout layout, std::unique_ptr<Comm> global,
@@ -84,19 +32,18 @@ class HierComm final : public Comm {
         global_(std::move(global)),
         local_(std::move(local)),
         leaders_(std::move(leaders)),
-        sequencer_(std::make_unique<Sequencer>()) {}
+        queue_(std::make_unique<TaskQueue>()) {}
 
   ~HierComm() override { shutdown(); }
 
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
     check_devices("all_reduce", tensors);
     if (!shm_carries(tensors)) return global().all_reduce(tensors, op);
-    DDP_CHECK(sequencer_, "process group of ", where(), " was already shut down");
+    DDP_CHECK(queue_, "process group of ", where(), " was already shut down");
     at::Tensor t = tensors[0];
-    auto future =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    auto future = tensor_list_future();
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
-    sequencer_->submit([this, t, op, future] {
+    queue_->submit([this, t, op, future] {
       std::exception_ptr error = run_all_reduce(t, op);
       // Not in flight any more before anyone can see it complete (shutdown reads this).
       in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -106,7 +53,7 @@ class HierComm final : public Comm {
         future->markCompleted(c10::IValue(std::vector<at::Tensor>{t}));
       }
     });
-    return std::make_shared<FutureWork>(std::move(future));
+    return future_work(std::move(future));
   }
 
   std::exception_ptr run_all_reduce(const at::Tensor& t, ReduceOp op) {
@@ -152,6 +99,11 @@ class HierComm final : public Comm {
   }
   void barrier() override { global().barrier(); }
 
+  // The hosts' leaders reduce with Gloo.
+  bool reduces_dtype(c10::ScalarType dtype) const override {
+    return global_ ? global_->reduces_dtype(dtype) : true;
+  }
+
   void store_set(const std::string& key, const std::string& value) override {
     global().store_set(key, value);
   }
@@ -166,9 +118,9 @@ class HierComm final : public Comm {
     // broadcast that this rank has finished.
     shut_down_.store(true, std::memory_order_release);
     if (local_ && in_flight_.load(std::memory_order_acquire) > 0) abort_shm_comm(*local_);
-    if (sequencer_) {
-      sequencer_->stop();
-      sequencer_.reset();
+    if (queue_) {
+      queue_->stop();
+      queue_.reset();
     }
     for (auto* c : {&local_, &leaders_, &global_}) {
       if (*c) {
@@ -203,7 +155,7 @@ class HierComm final : public Comm {
   std::unique_ptr<Comm> global_;
   std::unique_ptr<Comm> local_;
   std::unique_ptr<Comm> leaders_;
-  std::unique_ptr<Sequencer> sequencer_;
+  std::unique_ptr<TaskQueue> queue_;
   std::atomic<bool> shut_down_{false};
   std::atomic<int> in_flight_{0};
 };

@@ -4,6 +4,7 @@
 #include "distributed/rendezvous/rendezvous.h"
 #include "distributed/shm/shm_transport.h"
 #include "distributed/store_wait.h"
+#include "distributed/task_queue.h"
 
 #include <ddp/errors.h>
 
@@ -12,21 +13,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 
 namespace ddp {
 namespace detail {
 namespace {
-
-std::string where(const CommConfig& c) {
-  return "rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) + " (" +
-         c.backend + ", " + c.init_method + ")";
-}
 
 std::optional<shm::DType> shm_dtype(c10::ScalarType t) {
   switch (t) {
@@ -76,76 +69,12 @@ std::exception_ptr collective_error(const shm::Error& e, const CommConfig& c,
   }
 }
 
-// One worker thread that runs the group's collectives in the order they were launched.
-// Shared with the thread, so that it outlives the Comm if it must.
-class Engine {
- public:
-  using Task = std::function<void(shm::Transport&)>;
-
-  explicit Engine(std::unique_ptr<shm::Transport> transport) : transport_(std::move(transport)) {
-    worker_ = std::thread([this] { loop(); });
-  }
-
-  ~Engine() { stop(); }
-
-  void submit(Task task) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      TORCH_INTERNAL_ASSERT(!stopping_, "collective launched on a shut-down shm group");
-      queue_.push_back(std::move(task));
-      ++pending_;
-    }
-    cv_.notify_one();
-  }
-
-  /// Stops the worker. Work still queued or running fails: the waits of this rank end at
-  /// once and the peers' with an abort (a peer waiting for this rank would otherwise wait
-  /// for the whole timeout).
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) return;
-      stopping_ = true;
-      if (pending_ > 0) transport_->abort();
-    }
-    cv_.notify_one();
-    if (worker_.joinable()) worker_.join();
-  }
-
-  shm::Transport& transport() { return *transport_; }
-
- private:
-  void loop() {
-    for (;;) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task(*transport_);  // completes its own future, error or not
-      std::lock_guard<std::mutex> lock(mutex_);
-      --pending_;
-    }
-  }
-
-  std::unique_ptr<shm::Transport> transport_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  size_t pending_ = 0;
-  bool stopping_ = false;
-  std::thread worker_;
-};
-
 using StoreSet = std::function<void(const std::string& key, const std::string& value)>;
 using StoreTryGet = std::function<std::optional<std::string>(const std::string& key)>;
 
 std::vector<std::optional<std::string>> wait_keys(const CommConfig& c, const StoreTryGet& try_get,
                                                   const std::vector<std::string>& keys) {
-  KeyWait got = wait_for_keys(try_get, keys, c.timeout,
+  KeyWait got = wait_for_keys(try_get, keys, c.timeout, c.wait_report,
                               [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
                                 return "[ddp] rank " + std::to_string(c.rank) + " has waited " +
                                        std::to_string(waited.count()) + " s for " +
@@ -214,16 +143,6 @@ std::string segment_rendezvous(const CommConfig& config, const StoreSet& store_s
   return failure;
 }
 
-bool zero_copy_enabled() {
-  const auto v = env_int("DDP_SHM_ZERO_COPY");
-  return !v || *v != 0;
-}
-
-bool direct_wanted() {
-  const auto v = env_int("DDP_SHM_CMA");
-  return !v || *v != 0;
-}
-
 // Note [Direct all-reduce]: a peer may still be writing into the buffers of a direct
 // all-reduce that failed on this rank (it stops at its next chunk, or never, if it is
 // stuck inside a write). Their memory must never be handed out again, so it is kept for
@@ -241,7 +160,8 @@ class ShmComm final : public Comm {
           std::unique_ptr<Comm> fallback, bool named_segments)
       : Comm(std::move(config)),
         direct_(transport->direct()),
-        engine_(std::make_shared<Engine>(std::move(transport))),
+        transport_(std::move(transport)),
+        queue_(std::make_unique<TaskQueue>()),
         fallback_(std::move(fallback)),
         named_segments_(named_segments) {}
 
@@ -363,7 +283,7 @@ class ShmComm final : public Comm {
       total +=
           (static_cast<size_t>(numels[i]) * c10::elementSize(dtype) + kPage - 1) / kPage * kPage;
     }
-    if (total == 0 || !fallback_ || !zero_copy_enabled()) {
+    if (total == 0 || !fallback_ || !config_->shm_zero_copy) {
       return Comm::allocate_buffers(numels, options);
     }
     const uint32_t id = ++pools_made_;
@@ -425,13 +345,17 @@ class ShmComm final : public Comm {
   }
 
   void abort_transport() {
-    if (engine_) engine_->transport().abort();
+    if (transport_) transport_->abort();
   }
 
   void shutdown() override {
-    if (engine_) {
-      engine_->stop();
-      engine_.reset();
+    if (queue_) {
+      // Work still queued or running fails: the waits of this rank end at once and the
+      // peers' with an abort (a peer waiting for this rank would otherwise wait for the
+      // whole timeout).
+      queue_->stop([this] { transport_->abort(); });
+      queue_.reset();
+      transport_.reset();
     }
     if (fallback_) {
       fallback_->shutdown();
@@ -450,14 +374,15 @@ class ShmComm final : public Comm {
 
   std::shared_ptr<PendingWork> launch(const char* what, std::vector<at::Tensor> result,
                                       std::function<void(shm::Transport&)> body) {
-    DDP_CHECK(engine_, "process group of ", where(*config_), " was already shut down");
+    DDP_CHECK(queue_, "process group of ", where(*config_), " was already shut down");
     auto future = tensor_list_future();
     auto config = config_;
     std::string name = what;
-    engine_->submit([future, config, name, result = std::move(result),
-                     body = std::move(body)](shm::Transport& tr) {
+    shm::Transport* transport = transport_.get();  // outlives the queue's worker
+    queue_->submit([future, config, name, transport, result = std::move(result),
+                    body = std::move(body)] {
       try {
-        body(tr);
+        body(*transport);
       } catch (const shm::Error& e) {
         future->setError(collective_error(e, *config, name));
         return;
@@ -469,7 +394,7 @@ class ShmComm final : public Comm {
       }
       future->markCompleted(c10::IValue(result));
     });
-    return std::make_shared<FutureWork>(std::move(future));
+    return future_work(std::move(future));
   }
 
   struct PoolBuffer {
@@ -479,7 +404,8 @@ class ShmComm final : public Comm {
   };
 
   bool direct_ = false;  // Note [Direct all-reduce]: every rank may reach every other's memory
-  std::shared_ptr<Engine> engine_;
+  std::unique_ptr<shm::Transport> transport_;
+  std::unique_ptr<TaskQueue> queue_;  // stopped before transport_ goes
   std::unique_ptr<Comm> fallback_;
   bool named_segments_ = false;  // Note [Segments without a name]
   uint32_t pools_made_ = 0;
@@ -490,24 +416,10 @@ class ShmComm final : public Comm {
 
 }  // namespace
 
-void FutureWork::wait() {
-  future_->wait();
-  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-}
-
-c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-}
-
 bool shm_reduces(c10::ScalarType dtype) { return shm_dtype(dtype).has_value(); }
 
 void abort_shm_comm(Comm& comm) {
   if (auto* shm = dynamic_cast<ShmComm*>(&comm)) shm->abort_transport();
-}
-
-size_t shm_slice_bytes() {
-  const auto v = env_int("DDP_SHM_SLICE_BYTES");
-  return v && *v > 0 ? static_cast<size_t>(*v) : size_t(512) << 10;
 }
 
 std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,
@@ -516,10 +428,8 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   o.rank = config.rank;
   o.world_size = config.world_size;
   o.timeout = config.timeout;
-  o.slice_bytes = shm_slice_bytes();
-  if (const auto chunk = env_int("DDP_SHM_CMA_CHUNK_BYTES"); chunk && *chunk > 0) {
-    o.direct_chunk_bytes = static_cast<size_t>(*chunk);
-  }
+  o.slice_bytes = config.shm_slice_bytes;
+  if (config.shm_direct_chunk_bytes > 0) o.direct_chunk_bytes = config.shm_direct_chunk_bytes;
 
   // Note [Segments without a name]: a rank in another pid namespace than rank 0 cannot
   // open rank 0's descriptors through /proc; there, segments have a name in /dev/shm.
@@ -547,7 +457,7 @@ std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& se
   // go straight between their memory (Note [Direct all-reduce]).
   std::string why_not_direct;
   try {
-    const bool wanted = direct_wanted();
+    const bool wanted = config.shm_direct;
     if (!transport->enable_direct(wanted, &why_not_direct) && wanted && config.rank == 0) {
       std::fprintf(stderr,
                    "[ddp] shm: DDP's gradients go through shared buffers, not straight between "

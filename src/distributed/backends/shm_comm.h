@@ -38,21 +38,6 @@ struct ShmSetup {
 std::unique_ptr<Comm> make_shm_comm(const CommConfig& config, const ShmSetup& setup,
                                     std::string* why_not);
 
-/// A collective in flight whose future completes with its tensors (or the error).
-class FutureWork final : public PendingWork {
- public:
-  explicit FutureWork(c10::intrusive_ptr<c10::ivalue::Future> future)
-      : future_(std::move(future)) {}
-  void wait() override;
-  c10::intrusive_ptr<c10::ivalue::Future> future() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-/// A fresh future of a tensor list, as c10d's work futures are.
-c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future();
-
 /// Whether the shared-memory transport reduces tensors of this dtype.
 bool shm_reduces(c10::ScalarType dtype);
 
@@ -60,9 +45,6 @@ bool shm_reduces(c10::ScalarType dtype);
 /// once (a hierarchy whose leader failed stops the ranks of its host this way, Note
 /// [Hierarchical all-reduce]). Other Comms: nothing.
 void abort_shm_comm(Comm& comm);
-
-/// The slice size of the transport: DDP_SHM_SLICE_BYTES, else 512 KiB (docs/shm.md).
-size_t shm_slice_bytes();
 
 }  // namespace detail
 }  // namespace ddp

@@ -26,27 +26,6 @@ CommConfig standin_config(CommConfig c) {
   return c;
 }
 
-// The host group's work; its future yields the device tensors.
-class StandinWork final : public PendingWork {
- public:
-  StandinWork(std::shared_ptr<PendingWork> host, std::vector<at::Tensor> results)
-      : host_(std::move(host)), results_(std::move(results)) {}
-  void wait() override { host_->wait(); }
-  c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    std::vector<at::Tensor> results = results_;
-    return host_->future()->then(
-        [results](c10::ivalue::Future& done) -> c10::IValue {
-          (void)done.value();  // rethrows the host group's error
-          return c10::IValue(results);
-        },
-        c10::ListType::create(c10::TensorType::get()));
-  }
-
- private:
-  std::shared_ptr<PendingWork> host_;
-  std::vector<at::Tensor> results_;
-};
-
 class StandinComm final : public Comm {
  public:
   explicit StandinComm(std::unique_ptr<Comm> host)
@@ -54,16 +33,18 @@ class StandinComm final : public Comm {
 
   c10::Device device() const override { return standin_device(config().local_rank); }
   bool trivial() const override { return host_->trivial(); }
+  // NCCL's contract: every dtype (the host group is Gloo of LibTorch 2.1 or later).
+  bool reduces_dtype(c10::ScalarType) const override { return true; }
 
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
     check_devices("all_reduce", tensors);
     std::vector<at::Tensor> host = host_aliases(tensors);
-    return std::make_shared<StandinWork>(host_->all_reduce(host, op), tensors);
+    return then_work(host_->all_reduce(host, op), nullptr, tensors);
   }
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) override {
     check_devices("broadcast", tensors);
     std::vector<at::Tensor> host = host_aliases(tensors);
-    return std::make_shared<StandinWork>(host_->broadcast(host, src), tensors);
+    return then_work(host_->broadcast(host, src), nullptr, tensors);
   }
   std::shared_ptr<PendingWork> all_gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs) override {
@@ -74,24 +55,24 @@ class StandinComm final : public Comm {
       host_outputs.push_back(host_aliases(out));
     }
     std::vector<at::Tensor> host_inputs = host_aliases(inputs);
-    return std::make_shared<StandinWork>(host_->all_gather(host_outputs, host_inputs),
-                                         outputs.empty() ? inputs : outputs[0]);
+    return then_work(host_->all_gather(host_outputs, host_inputs), nullptr,
+                     outputs.empty() ? inputs : outputs[0]);
   }
   std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                      ReduceOp op) override {
     check_flat("reduce_scatter_tensor", input, output);
     at::Tensor host_output = standin_host_alias(output);
     at::Tensor host_input = standin_host_alias(input);
-    return std::make_shared<StandinWork>(host_->reduce_scatter_tensor(host_output, host_input, op),
-                                         std::vector<at::Tensor>{output});
+    return then_work(host_->reduce_scatter_tensor(host_output, host_input, op), nullptr,
+                     std::vector<at::Tensor>{output});
   }
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override {
     check_flat("all_gather_into_tensor", output, input);
     at::Tensor host_output = standin_host_alias(output);
     at::Tensor host_input = standin_host_alias(input);
-    return std::make_shared<StandinWork>(host_->all_gather_into_tensor(host_output, host_input),
-                                         std::vector<at::Tensor>{output});
+    return then_work(host_->all_gather_into_tensor(host_output, host_input), nullptr,
+                     std::vector<at::Tensor>{output});
   }
   void barrier() override { host_->barrier(); }
   void store_set(const std::string& key, const std::string& value) override {

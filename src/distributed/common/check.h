@@ -17,6 +17,9 @@ namespace detail {
 /// Throws c10::Error carrying `message` and no backtrace.
 [[noreturn]] void throw_error(std::string message);
 
+/// `s` with ASCII letters in lower case (option values, error texts we classify).
+std::string ascii_lower(std::string s);
+
 }  // namespace detail
 }  // namespace ddp
 

@@ -1,5 +1,6 @@
 #include "distributed/debug/traced_comm.h"
 
+#include "distributed/common/check.h"
 #include "distributed/debug/device_event.h"
 #include "distributed/store_wait.h"
 
@@ -115,9 +116,7 @@ std::string describe_tensors(const std::vector<at::Tensor>& tensors) {
       os << "undefined";
       continue;
     }
-    std::string dtype = c10::toString(t.scalar_type());
-    for (char& c : dtype) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    os << dtype << " ";
+    os << ascii_lower(c10::toString(t.scalar_type())) << " ";
     for (int64_t d = 0; d < t.dim(); ++d) os << (d > 0 ? "x" : "") << t.size(d);
     if (t.dim() == 0) os << "scalar";
   }
@@ -233,7 +232,7 @@ void TracedComm::check_fingerprint(uint64_t seq, const std::string& what) {
   };
   const std::string mine = at_seq(what, seq);
   const KeyWait got =
-      wait_for_keys(current, keys, config().timeout,
+      wait_for_keys(current, keys, config().timeout, config().wait_report,
                     [&](const std::vector<size_t>& missing, std::chrono::seconds waited) {
                       std::vector<int> ranks(missing.begin(), missing.end());
                       return "[ddp] rank " + std::to_string(rank) + " is at " + mine +

@@ -29,6 +29,7 @@ class TracedComm final : public Comm {
 
   c10::Device device() const override { return inner_->device(); }
   bool trivial() const override { return inner_->trivial(); }
+  bool reduces_dtype(c10::ScalarType dtype) const override { return inner_->reduces_dtype(dtype); }
   at::Tensor to_device(const at::Tensor& t) override { return inner_->to_device(t); }
   at::Tensor to_host(const at::Tensor& t) override { return inner_->to_host(t); }
 

@@ -38,8 +38,7 @@ std::optional<int> env_int(const char* name) {
 bool env_flag(const char* name) {
   auto s = env_string(name);
   if (!s) return false;
-  std::string v = *s;
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string v = ascii_lower(*s);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
   DDP_CHECK(false, "environment variable ", name, " must be 1 or 0 (true/false, yes/no, on/off), ",

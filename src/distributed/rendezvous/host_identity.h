@@ -4,9 +4,12 @@
 // Which ranks of a group share a host is decided from what they tell each other at the
 // rendezvous, never from LOCAL_WORLD_SIZE (a launcher's guess, absent under plain
 // init_method file:// or tcp://). Each rank publishes its identity with its arrival
-// (c10d_comm.cpp, wait_for_arrivals); two ranks can share memory when they see the same
-// kernel boot (boot id), the same host name, and the same /dev/shm (device and inode, so
-// that containers with private /dev/shm mounts are told apart).
+// (backend_select.cpp, wait_for_arrivals); two ranks can share memory when they see the
+// same kernel boot (boot id), the same host name, and the same /dev/shm (device and
+// inode, so that containers with private /dev/shm mounts are told apart). This one rule
+// decides the shm backend, the hierarchy and the local placement. The only thing
+// decided before the ranks meet, the kind of store, cannot wait for it: there the
+// launcher's word stands in (Note [One host opens no port] in rendezvous.cpp).
 //
 // Note [Interface from peers]
 // The identity also carries the network namespace and every IPv4 address of the rank's

@@ -17,9 +17,10 @@
 // (Note [Interface from peers]).
 
 #include "distributed/common/check.h"
+#include "distributed/backend_select.h"
 #include "distributed/comm.h"
-#include "distributed/backends/device_standin.h"
 #include "distributed/rendezvous/rendezvous.h"
+#include "distributed/store_wait.h"
 
 #include <ddp/errors.h>
 
@@ -153,12 +154,11 @@ void parse_host_port(const std::string& spec, const std::string& what, std::stri
 void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
   std::string debug = o.debug();
   if (debug.empty()) debug = env_string("DDP_DEBUG").value_or("");
-  for (char& ch : debug) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  debug = ascii_lower(debug);
   if (debug.empty()) {
     // PyTorch's variable, for jobs that already set it: DETAIL checks every collective.
-    std::string torch_level = env_string("TORCH_DISTRIBUTED_DEBUG").value_or("off");
-    for (char& ch : torch_level)
-      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const std::string torch_level =
+        ascii_lower(env_string("TORCH_DISTRIBUTED_DEBUG").value_or("off"));
     debug = torch_level == "detail" ? "detail" : "off";
   }
   DDP_CHECK(debug == "off" || debug == "detail",
@@ -175,6 +175,15 @@ void resolve_diagnostics(const InitOptions& o, CommConfig& c) {
     c.debug_check_every = *k;
   }
   c.flight_recorder_dir = env_string("DDP_FLIGHT_RECORDER_DIR").value_or("");
+  c.wait_report = parse_wait_report(env_string("DDP_WAIT_REPORT"));
+}
+
+// The shm backend's switches and sizes (docs/shm.md).
+void resolve_shm(CommConfig& c) {
+  if (auto v = env_int("DDP_SHM_SLICE_BYTES"); v && *v > 0) c.shm_slice_bytes = *v;
+  if (auto v = env_int("DDP_SHM_CMA_CHUNK_BYTES"); v && *v > 0) c.shm_direct_chunk_bytes = *v;
+  if (auto v = env_int("DDP_SHM_ZERO_COPY")) c.shm_zero_copy = *v != 0;
+  if (auto v = env_int("DDP_SHM_CMA")) c.shm_direct = *v != 0;
 }
 
 // Note [Handed-over port]
@@ -217,27 +226,9 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   c.init_method = o.init_method();
   DDP_CHECK(o.timeout().count() > 0, "timeout must be > 0 ms, but got ", o.timeout().count());
 
-  // Backend.
-  c.backend = o.backend();
-  DDP_CHECK(c.backend.empty() || c.backend == "gloo" || c.backend == "nccl" || c.backend == "shm",
-            "backend must be \"gloo\", \"nccl\" or \"shm\" (or empty, to choose by what "
-            "is there), but got \"",
-            c.backend, "\".");
-  // Note [Device stand-in]: NCCL's contract on the host, for checks without a GPU.
-  if (env_flag("DDP_DEVICE_STANDIN") && (c.backend.empty() || c.backend == "nccl")) {
-    enable_standin_device();
-    c.backend = "standin";
-  }
-  if (c.backend.empty()) {
-    c.backend = nccl_compiled() && cuda_available() ? "nccl" : "gloo";
-    c.backend_auto = c.backend == "gloo";
-  }
+  // Backend: Note [Backend choice].
+  choose_backend(o.backend(), env_flag("DDP_DEVICE_STANDIN"), c);
   c.single_rank_group = o.single_rank_group() || env_flag("DDP_SINGLE_RANK_GROUP");
-  DDP_CHECK(c.backend != "nccl" || nccl_compiled(),
-            "backend \"nccl\" is not available: this ddp-cpp was built against a "
-            "LibTorch without CUDA and NCCL. Use backend \"gloo\" (CPU), or rebuild "
-            "against a CUDA LibTorch 2.x, e.g. -DCMAKE_PREFIX_PATH=$(python3 -c 'import "
-            "torch; print(torch.utils.cmake_prefix_path)') (see docs/gpu.md).");
 
   // Who we are: options win over the environment.
   RankInfo env = rank_info_from_env();
@@ -256,11 +247,7 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
   DDP_CHECK(c.world_size >= 1, "world_size must be >= 1, but got ", c.world_size, ".");
   DDP_CHECK(c.rank < c.world_size, "rank ", c.rank, " must be < world_size ", c.world_size,
             ": ranks are numbered 0..", c.world_size - 1, ".");
-  DDP_CHECK(c.backend != "nccl" || cuda_available(), "backend \"nccl\" needs a CUDA GPU, but rank ",
-            c.rank, " sees none (",
-            "LibTorch reports 0 CUDA devices: no GPU in this machine, no driver, or "
-            "CUDA_VISIBLE_DEVICES hides them). Use backend \"gloo\" on CPUs, or an empty "
-            "backend to choose by what is there.");
+  check_backend_device(c);
   // Unknown (-1) unless given: then the rendezvous below, or the ranks' hosts, decide.
   c.local_world_size = from_env && env.local_world_size > 0 ? env.local_world_size : -1;
   c.local_rank = o.local_rank() >= 0 ? o.local_rank() : from_env ? env.local_rank : -1;
@@ -283,8 +270,13 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
     auto dir = env_string("DDP_RENDEZVOUS_DIR");
     auto addr = env_string("MASTER_ADDR");
     auto port = env_int("MASTER_PORT");
-    const bool one_host = dir || (c.local_world_size > 0 && c.local_world_size == c.world_size) ||
-                          (addr && is_loopback(*addr));
+    // Which store: before the ranks meet, only the launcher can say that they share a
+    // host (Note [One host opens no port]). Whether they really do, for everything after
+    // the meeting (shared memory, placement), is decided from their host identities
+    // (Note [Same host]).
+    const bool launcher_says_one_host =
+        dir || (c.local_world_size > 0 && c.local_world_size == c.world_size) ||
+        (addr && is_loopback(*addr));
     if (c.world_size == 1) {
       c.store = CommConfig::StoreKind::kNone;
     } else if (dir) {
@@ -292,7 +284,7 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.store = CommConfig::StoreKind::kFile;
       c.store_path = *dir + "/store";
       c.gloo_address = "127.0.0.1";
-    } else if (one_host) {
+    } else if (launcher_says_one_host) {
       DDP_CHECK(port, "env:// needs MASTER_PORT to tell this run's ranks apart, but it is "
                       "not set. Set MASTER_PORT (any number in 1..65535, the same on every "
                       "rank), or launch with ddprun.");
@@ -337,20 +329,14 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
       c.gloo_interface = interface_for(c.master_addr);
     }
   }
-  if (c.store == CommConfig::StoreKind::kFile && m.rfind("file://", 0) == 0) {
-    c.interface_from_peers = true;
-    c.placement_from_peers = true;  // local_rank/local_world_size when -1
-  } else if (c.store == CommConfig::StoreKind::kTcp && c.local_rank < 0) {
-    // Several hosts and no LOCAL_RANK: the ranks of each host are counted from the
-    // hosts they report at the rendezvous, so that each takes a GPU of its own.
-    c.placement_from_peers = true;
-  } else {
-    if (c.local_world_size < 0) {
-      c.local_world_size = c.gloo_address == "127.0.0.1" ? c.world_size : 1;
-    }
-    if (c.local_rank < 0) c.local_rank = c.local_world_size == c.world_size ? c.rank : 0;
-  }
+  // A file:// store may sit on a shared filesystem: the ranks may span hosts.
+  c.interface_from_peers = c.store == CommConfig::StoreKind::kFile && m.rfind("file://", 0) == 0;
+  // A local rank or local world size that neither the options nor the launcher gave is
+  // counted from the hosts the ranks report at the rendezvous (Note [Same host]), so
+  // that each rank of a host takes a device of its own.
+  c.placement_from_peers = c.local_rank < 0 || c.local_world_size < 0;
   resolve_diagnostics(o, c);
+  resolve_shm(c);
   return c;
 }
 

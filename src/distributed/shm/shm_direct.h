@@ -1,9 +1,9 @@
 #pragma once
 
 // The pieces of the direct all-reduce (Note [Direct all-reduce] in shm_transport.h) that
-// know nothing of the protocol: where an element range of a span list lies, the
-// cross-memory copies to and from another process, and the scaled fold. Plain C++ and
-// POSIX, like the transport.
+// know nothing of the protocol: where an element range of a span list lies, and the
+// cross-memory copies to and from another process (the scaled fold is in shm_kernels.h).
+// Plain C++ and POSIX, like the transport.
 
 #include "distributed/shm/shm_transport.h"
 
@@ -45,13 +45,6 @@ int read_from(pid_t pid, const struct iovec* local, size_t num_local, const stru
               size_t num_remote, size_t bytes);
 int write_to(pid_t pid, const struct iovec* local, size_t num_local, const struct iovec* remote,
              size_t num_remote, size_t bytes);
-
-/// out[i] = (...((in[0][i] * s[0] + in[1][i] * s[1]) + in[2][i] * s[2]) ...) +
-/// in[n-1][i] * s[n-1], for i < count, in float32 or float64 (the scales rounded to it),
-/// each product and each sum rounded, as each rank scaling its values into a buffer and
-/// then summing the buffers does. `out` may be one of the inputs.
-void fold_scaled(DType dtype, void* out, const void* const* in, int n, size_t count,
-                 const double* scales);
 
 }  // namespace shm
 }  // namespace detail

@@ -6,7 +6,7 @@
 //
 // Note [Shared-memory all-reduce]
 // One segment per group, made by rank 0 and mapped by every rank (an anonymous memfd:
-// Note [Segments without a name] in shm_transport.cpp):
+// Note [Segments without a name] in shm_segment.cpp):
 //
 //   header | control block per rank | 2 slots x (one input area per rank + one result area)
 //

@@ -2,10 +2,11 @@
 // every rank (Note [Found-inf across ranks] in src/amp/grad_scaler.cpp), buckets stay
 // float32 under autocast, and the compression hooks compose with the scaler.
 
-#include "parallel/amp_test_util.h"
+#include "amp/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
-#include "../../src/amp/scaler_kernels.h"
+#include "amp/scaler_kernels.h"
 #include "distributed/comm.h"
 
 #include <ddp/amp/autocast.h>

@@ -2,12 +2,12 @@
 // is the LibTorch this build uses): the same gradient sequence, infs and NaNs planted,
 // must give the same skips, scales, growth trackers and parameters, bit for bit; and
 // Python's final state_dict() loads into the C++ scaler. Python's side is
-// tests/parallel/python/grad_scaler_reference.py.
+// tests/amp/python/grad_scaler_reference.py.
 //
 // python3-torch 1.13 has no CPU GradScaler (torch.cuda.amp.GradScaler asserts CUDA
 // tensors), so against it these tests skip, saying so; the pip torch build runs them.
 
-#include "parallel/amp_test_util.h"
+#include "amp/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
 
 #include <ddp/amp/grad_scaler.h>
@@ -73,11 +73,10 @@ TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
   ddp_test::TempDir dir;
   std::ofstream(dir.file("spec.json")) << spec.dump();
   std::string output;
-  const int rc =
-      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                "/tests/parallel/python/grad_scaler_reference.py sequence " +
-                                dir.file("spec.json") + " " + dir.file("out.json"),
-                            &output);
+  const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                           "/tests/amp/python/grad_scaler_reference.py sequence " +
+                                           dir.file("spec.json") + " " + dir.file("out.json"),
+                                       &output);
   ASSERT_EQ(rc, 0) << output;
   std::ifstream in(dir.file("out.json"));
   const json py = json::parse(in);

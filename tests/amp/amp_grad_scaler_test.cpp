@@ -1,11 +1,12 @@
 // GradScaler in one process: the scale/skip sequence against closed forms, the numeric
 // kernels (fused and plain) against element-by-element references, Python's errors and
-// state dict. tests/parallel/amp_python_test.cpp compares with torch.amp.GradScaler.
+// state dict. tests/amp/amp_python_test.cpp compares with torch.amp.GradScaler.
 
-#include "parallel/amp_test_util.h"
+#include "amp/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
+#include "support/util.h"
 
-#include "../../src/amp/scaler_kernels.h"
+#include "amp/scaler_kernels.h"
 
 #include <ddp/amp/grad_scaler.h>
 

@@ -1,8 +1,9 @@
 // Checkpoint loading refuses what does not fit, and a refusal changes nothing: model,
 // optimizer, sampler and RNG are exactly as before.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/data/distributed_sampler.h>

@@ -4,6 +4,7 @@
 // /dev/shm left empty.
 
 #include "support/harness.h"
+#include "support/util.h"
 
 #include "distributed/comm.h"
 #include "distributed/rendezvous/host_identity.h"
@@ -25,6 +26,7 @@
 #include <thread>
 
 using ddp_test::run_processes;
+using ddp_test::same_bits;
 using ddp_test::TempDir;
 
 namespace {
@@ -81,11 +83,6 @@ at::Tensor reference(int world, int64_t numel, at::ScalarType dtype, ddp::Reduce
   acc = acc.to(dtype);
   if (op == ddp::ReduceOp::AVG) acc.div_(world);
   return acc;
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.numel() == b.numel() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
 // The /dev/shm entries whose names start with `prefix`.

@@ -2,10 +2,11 @@
 
 // Helpers shared by the mixed-precision tests.
 
+#include "support/util.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -23,14 +24,6 @@ TORCH_MODULE(PlantedGrad);
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-/// Same dtype, shape and bytes (bit-identical, unlike at::equal for -0.0 and NaN).
-inline bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const at::Tensor ca = a.contiguous().cpu();
-  const at::Tensor cb = b.contiguous().cpu();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
-}
 
 /// Every parameter of `m`, flattened and concatenated (detached copy).
 inline at::Tensor flat_parameters(torch::nn::Module& m) {

@@ -2,10 +2,10 @@
 // continues bit-identically, old checkpoints without it still load, a bad one is refused
 // before anything changes, and Python's torch.amp.GradScaler reads it.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
 
-#include "../../src/serialize/pickle_io.h"
+#include "serialize/pickle_io.h"
 
 #include <ddp/amp/grad_scaler.h>
 #include <ddp/serialize/checkpoint.h>
@@ -159,10 +159,11 @@ TEST(CheckpointAmpPythonTest, PythonGradScalerLoadsTheScalerState) {
   ddp::save_checkpoint(dir.file("c.pt"), Checkpoint(*net).grad_scaler(&scaler));
 
   std::string output;
-  const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                           "/tests/data/python/checkpoint_reference.py scaler " +
-                                           dir.file("c.pt") + " " + dir.file("report.json"),
-                                       &output);
+  const int rc =
+      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                "/tests/serialize/python/checkpoint_reference.py scaler " +
+                                dir.file("c.pt") + " " + dir.file("report.json"),
+                            &output);
   ASSERT_EQ(rc, 0) << output;
   std::ifstream in(dir.file("report.json"));
   const json report = json::parse(in);

@@ -3,8 +3,9 @@
 // restarted by hand or by `ddprun --max-restarts 1` after a kill -9 of one rank. And a
 // process killed while saving leaves a complete checkpoint behind.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/parallel/distributed_data_parallel.h>
@@ -26,8 +27,11 @@
 #include <random>
 #include <thread>
 
+using ddp_test::contains;
+using ddp_test::env_or;
 using ddp_test::ProcessOptions;
 using ddp_test::run_processes;
+using ddp_test::self_exe;
 using ddp_test::TempDir;
 
 namespace {
@@ -37,11 +41,6 @@ constexpr int64_t kBatch = 4;
 constexpr int64_t kEpochs = 2;      // 2 ranks: 24 samples, 6 steps per epoch, 12 in all
 constexpr int64_t kKillStep = 9;    // epoch 1, 3 of its 6 steps done
 constexpr int64_t kResumeStep = 8;  // checkpoints every 2 steps
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
 
 // A small model with a buffer (BatchNorm) and randomness (Dropout): resuming exactly
 // needs the buffers and every rank's RNG state, not only the parameters.
@@ -191,16 +190,6 @@ void expect_same_bits(const std::string& a, const std::string& b, bool expected 
     if (expected) EXPECT_TRUE(same) << e.key() << " differs";
   }
   if (!expected) EXPECT_FALSE(all_same) << "the control run matched: the test cannot fail";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
 // The uninterrupted reference: 2 ranks, 2 epochs.

@@ -1,4 +1,4 @@
-"""PyTorch's side of tests/parallel/amp_python_test.cpp.
+"""PyTorch's side of tests/amp/amp_python_test.cpp.
 
   grad_scaler_reference.py sequence SPEC_JSON OUT_JSON
       Runs torch.amp.GradScaler("cpu") over the gradient sequence in SPEC_JSON: a parameter

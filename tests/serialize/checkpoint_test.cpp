@@ -2,8 +2,9 @@
 // sampler state, several ranks (threads), and a checkpoint directory. Refusals are in
 // checkpoint_errors_test.cpp.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/data/distributed_sampler.h>

@@ -1,4 +1,4 @@
-"""PyTorch's side of tests/data/checkpoint_python_test.cpp.
+"""PyTorch's side of tests/serialize/checkpoint_python_test.cpp.
 
   checkpoint_reference.py continue CKPT KIND OUT_STATE_DICT REPORT_JSON
       Loads a ddp-cpp checkpoint with torch.load, loads its model and optimizer state
@@ -26,7 +26,7 @@ import weights_only  # noqa: E402
 
 
 class Net(nn.Module):
-    """The twin of ddp_test::NetImpl (tests/data/data_test_util.h)."""
+    """The twin of ddp_test::NetImpl (tests/serialize/checkpoint_test_util.h)."""
 
     def __init__(self):
         super().__init__()

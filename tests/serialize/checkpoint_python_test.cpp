@@ -1,8 +1,9 @@
 // Checkpoints and state dicts exchanged with PyTorch itself (DDP_TEST_PYTHON):
-// tests/data/python/checkpoint_reference.py is the Python side.
+// tests/serialize/python/checkpoint_reference.py is the Python side.
 
-#include "data/data_test_util.h"
+#include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
+#include "support/util.h"
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/data/distributed_sampler.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 
 using ddp::Checkpoint;
+using ddp_test::max_diff;
 using ddp_test::Net;
 using nlohmann::json;
 
@@ -22,16 +24,11 @@ namespace {
 
 std::string reference_script() {
   return std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-         "/tests/data/python/checkpoint_reference.py";
+         "/tests/serialize/python/checkpoint_reference.py";
 }
 
 void train_step(Net& net, torch::optim::Optimizer& opt, int64_t step) {
   ddp_test::train(net, opt, step, step + 1);
-}
-
-// Largest absolute difference, for the failure message.
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
 }  // namespace

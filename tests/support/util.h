@@ -1,0 +1,38 @@
+#pragma once
+
+// Small helpers that several test files need: text, the environment, this binary,
+// tensors compared bit for bit, a scenario's failure, and EXPECT_ERROR_HAS.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace ddp_test {
+
+/// Whether `part` occurs in `text`.
+bool contains(const std::string& text, const std::string& part);
+
+/// Environment variable `name`, or `fallback` when it is unset or empty.
+std::string env_or(const char* name, const std::string& fallback);
+
+/// The path of this test binary (/proc/self/exe resolved), or "" when unreadable.
+std::string self_exe();
+
+/// Same dtype, shape and bytes: bit-identical, unlike at::equal for -0.0 and NaN.
+/// Either tensor may be non-contiguous or on a device.
+bool same_bits(const at::Tensor& a, const at::Tensor& b);
+
+/// The largest absolute difference of `a` and `b` (in double), for failure messages.
+double max_diff(const at::Tensor& a, const at::Tensor& b);
+
+/// For a scenario (DDP_SCENARIO): prints "rank R: what" on stderr and returns 1, its
+/// exit code.
+int fail(const std::string& what);
+
+}  // namespace ddp_test
+
+/// Expects error text `message` to contain `fragment`, showing both otherwise.
+#define EXPECT_ERROR_HAS(message, fragment)                         \
+  EXPECT_NE(std::string(message).find(fragment), std::string::npos) \
+      << "expected to find: " << (fragment) << "\n in: " << (message)

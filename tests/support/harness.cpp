@@ -334,4 +334,7 @@ bool maybe_run_scenario(int* exit_code) {
   return true;
 }
 
+const char* source_dir() { return DDP_TEST_SOURCE_DIR; }
+const char* binary_dir() { return DDP_TEST_BINARY_DIR; }
+
 }  // namespace ddp_test

@@ -134,6 +134,11 @@ bool register_scenario(const std::string& name, Scenario fn);
 /// Runs the scenario named by DDP_TEST_SCENARIO, if set (called from main).
 bool maybe_run_scenario(int* exit_code);
 
+/// This checkout's root and build folder. In one file only (harness.cpp), so that the
+/// other test sources compile alike in every clone and a compiler cache serves them.
+const char* source_dir();
+const char* binary_dir();
+
 }  // namespace ddp_test
 
 /// A function that a run_processes child executes as its main(); return its exit code.
@@ -142,3 +147,6 @@ bool maybe_run_scenario(int* exit_code);
   static const bool ddp_scenario_registered_##name =              \
       ::ddp_test::register_scenario(#name, &ddp_scenario_##name); \
   static int ddp_scenario_##name()
+
+#define DDP_SOURCE_DIR ::ddp_test::source_dir()
+#define DDP_BINARY_DIR ::ddp_test::binary_dir()

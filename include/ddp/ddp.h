@@ -3,7 +3,8 @@
 // ddp-cpp: PyTorch-style DistributedDataParallel for LibTorch programs.
 // One include for everything. The parts, one folder each (docs/architecture.md):
 //   distributed/  process groups, collectives, rendezvous
-//   parallel/     DistributedDataParallel, its hooks and statistics, Join, SyncBatchNorm
+//   parallel/     DistributedDataParallel, fully_shard, its hooks and statistics, Join,
+//                 SyncBatchNorm
 //   amp/          autocast and the gradient scaler
 //   data/         DistributedSampler
 //   serialize/    checkpoints and state dicts that Python's torch.load reads
@@ -15,6 +16,7 @@
 
 #include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/fully_shard.h>
 #include <ddp/parallel/join.h>
 #include <ddp/parallel/sync_batchnorm.h>
 #include <ddp/parallel/trace.h>

@@ -10,6 +10,7 @@
 #include "parallel/model_check.h"
 #include "parallel/module_sync.h"
 #include "parallel/reducer.h"
+#include "parallel/shard_unit.h"
 #include "parallel/trace_writer.h"
 
 #include <ATen/core/grad_mode.h>
@@ -144,6 +145,13 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   for (const auto& item : module->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    if (detail::ShardUnit* unit = detail::unit_of_param(p)) {
+      DDP_CHECK(false, "DistributedDataParallel ", where, ": parameter '", item.key(),
+                "' is sharded by ddp::fully_shard (the unit of ", unit->name(),
+                "). A parameter is either replicated by DDP or sharded by fully_shard, not "
+                "both: train the sharded model without the DDP wrapper (fully_shard already "
+                "reduces its gradients).");
+    }
     description.parameters.emplace_back(item.key(), p);
     state_tensors.push_back(p);
     if (!p.requires_grad()) continue;
@@ -168,6 +176,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
   detail::verify_model_across_ranks(*s.pg, description);
   s.named_parameters = description.parameters;
+  for (const auto& item : s.named_parameters) detail::mark_ddp_param(item.second, true);
   s.debug = detail::comm_of(*s.pg).config().debug_detail;
   s.debug_check_every = detail::comm_of(*s.pg).config().debug_check_every;
   DDP_CHECK(!reduced.empty(), "DistributedDataParallel on rank ", rank,
@@ -202,7 +211,10 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   s.reducer = detail::Reducer::create(std::move(reduced), s.reduced_names, s.pg, ro, s.trace);
 }
 
-DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+DistributedDataParallelBase::~DistributedDataParallelBase() {
+  if (!state_) return;
+  for (const auto& item : state_->named_parameters) detail::mark_ddp_param(item.second, false);
+}
 
 const DistributedDataParallelOptions& DistributedDataParallelBase::options() const {
   return state_->options;

@@ -1,0 +1,392 @@
+#include "parallel/shard_unit.h"
+
+#include <ddp/errors.h>
+
+#include "distributed/common/check.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/strides.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+std::mutex& owners_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const void*, ShardUnit*>& owners() {
+  static std::unordered_map<const void*, ShardUnit*> map;
+  return map;
+}
+
+/// Note [Shards in place]: frees the bytes of `t`'s storage, keeping the StorageImpl
+/// that views of it share.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == bytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+/// A 64-bit FNV-1a over the tensor's bytes (in its dtype, on the CPU).
+uint64_t content_hash(const at::Tensor& t) {
+  at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  uint64_t h = 1469598103934665603ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+ShardUnit* unit_of_param(const at::Tensor& param) {
+  if (!param.defined()) return nullptr;
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  auto it = owners().find(param.unsafeGetTensorImpl());
+  return it == owners().end() ? nullptr : it->second;
+}
+void register_param_owner(const at::Tensor& param, ShardUnit* unit) {
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  owners()[param.unsafeGetTensorImpl()] = unit;
+}
+void unregister_param_owner(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  auto it = owners().find(param.unsafeGetTensorImpl());
+  if (it != owners().end()) owners().erase(it);
+}
+
+namespace {
+std::unordered_map<const void*, int>& ddp_params() {
+  static std::unordered_map<const void*, int> map;
+  return map;
+}
+}  // namespace
+
+void mark_ddp_param(const at::Tensor& param, bool owned) {
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  auto& m = ddp_params();
+  if (owned) {
+    m[param.unsafeGetTensorImpl()] += 1;
+  } else {
+    auto it = m.find(param.unsafeGetTensorImpl());
+    if (it != m.end() && --it->second <= 0) m.erase(it);
+  }
+}
+bool is_ddp_param(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(owners_mutex());
+  return ddp_params().count(param.unsafeGetTensorImpl()) > 0;
+}
+
+std::vector<int64_t> ShardedParam::shard_sizes(int64_t n_rows) const {
+  if (sizes.empty()) return {n_rows};
+  std::vector<int64_t> s = sizes;
+  s[0] = n_rows;
+  return s;
+}
+
+ShardUnit::ShardUnit(std::string name, std::shared_ptr<ProcessGroup> pg, FullyShardOptions options)
+    : name_(std::move(name)), pg_(std::move(pg)), options_(std::move(options)) {
+  rank_ = pg_->rank();
+  world_ = pg_->size();
+}
+
+ShardUnit::~ShardUnit() {
+  for (const ShardedParam& p : params_) unregister_param_owner(p.param);
+}
+
+at::ScalarType ShardUnit::param_dtype() const {
+  if (params_.empty()) return at::kFloat;
+  const auto& o = options_.mp_policy().param_dtype();
+  return o && at::isFloatingType(params_[0].dtype) ? *o : params_[0].dtype;
+}
+
+at::ScalarType ShardUnit::reduce_dtype() const {
+  if (params_.empty()) return at::kFloat;
+  const auto& o = options_.mp_policy().reduce_dtype();
+  return o ? *o : params_[0].dtype;
+}
+
+void ShardUnit::shard(std::vector<std::pair<std::string, at::Tensor>> named) {
+  const c10::Device device = pg_->device();
+  // Every rank's view of the unit, to compare: names, shapes, dtypes and values.
+  std::ostringstream desc;
+  for (auto& [name, t] : named) {
+    DDP_CHECK(!t.is_sparse(), "ddp::fully_shard(", name_, "): parameter '", name,
+              "' is sparse; only dense (strided) parameters can be sharded. Keep its module "
+              "out of fully_shard (e.g. a sparse embedding), or make it dense.");
+    DDP_CHECK(t.layout() == at::kStrided, "ddp::fully_shard(", name_, "): parameter '", name,
+              "' has layout ", t.layout(), "; only strided parameters can be sharded.");
+    {
+      const at::ScalarType first = named.front().second.scalar_type();
+      DDP_CHECK(t.scalar_type() == first, "ddp::fully_shard(", name_, "): parameters '",
+                named.front().first, "' (", first, ") and '", name, "' (", t.scalar_type(),
+                ") differ in dtype; one unit all-gathers one flat buffer of one dtype. "
+                "Give them one dtype (module->to(dtype)) or shard their modules as "
+                "separate units.");
+    }
+    desc << name << ' ' << t.sizes() << ' ' << t.scalar_type() << ' ' << content_hash(t) << '\n';
+  }
+  const std::vector<std::string> all = pg_->all_gather_bytes(desc.str());
+  for (int r = 1; r < world_; ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    const std::string what = la.empty() ? lb : la;
+    const std::string pname = what.substr(0, what.find(' '));
+    throw MismatchError(c10::str(
+        "ddp::fully_shard(", name_, "): the parameters differ between rank 0 and rank ", r,
+        ", first at '", pname, "' (rank 0: ", la.empty() ? "<none>" : la.substr(la.find(' ') + 1),
+        "; rank ", r, ": ", lb.empty() ? "<none>" : lb.substr(lb.find(' ') + 1),
+        " [shape dtype content hash]). Every rank must build the same model with the same "
+        "initial values before fully_shard: seed the generator identically on every rank "
+        "(torch::manual_seed), or load the same weights, or broadcast them from rank 0."));
+  }
+
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& [name, t] : named) {
+    ShardedParam p;
+    p.name = name;
+    p.param = t;
+    p.sizes = t.sizes().vec();
+    p.dtype = t.scalar_type();
+    p.rows = t.dim() == 0 ? 1 : t.size(0);
+    p.row_numel = 1;
+    for (int64_t d = 1; d < t.dim(); ++d) p.row_numel *= t.size(d);
+    p.chunk_rows = (p.rows + world_ - 1) / world_;
+    p.local_rows = p.rows_of(rank_);
+    p.offset = offset;
+    p.requires_grad = t.requires_grad();
+    offset += p.padded_numel();
+    params_.push_back(std::move(p));
+  }
+  shard_numel_ = offset;
+  const at::ScalarType dtype = params_.empty() ? at::kFloat : params_[0].dtype;
+  flat_shard_ = at::zeros({shard_numel_}, at::TensorOptions().dtype(dtype).device(device));
+  for (ShardedParam& p : params_) {
+    at::Tensor data = p.param.detach().to(device).reshape({p.rows, p.row_numel});
+    const int64_t n = p.local_rows * p.row_numel;
+    at::Tensor slot = flat_shard_.narrow(0, p.offset, n);
+    slot.copy_(data.narrow(0, p.first_row(rank_), p.local_rows).reshape({n}));
+    p.shard = slot.view(p.shard_sizes(p.local_rows));
+    p.full = at::empty(p.sizes, at::TensorOptions().dtype(param_dtype()).device(device));
+    free_storage(p.full);
+    at::Tensor grad = p.param.grad();
+    p.param.set_data(p.shard);
+    if (grad.defined()) {
+      p.param.mutable_grad() = grad.to(device)
+                                   .reshape({p.rows, p.row_numel})
+                                   .narrow(0, p.first_row(rank_), p.local_rows)
+                                   .reshape(p.shard_sizes(p.local_rows))
+                                   .clone();
+    }
+    register_param_owner(p.param, this);
+  }
+}
+
+void ShardUnit::start_unshard() {
+  if (unsharded_ || ag_.pending || params_.empty()) return;
+  at::NoGradGuard no_grad;
+  const at::ScalarType pd = param_dtype();
+  ag_.input = pd == flat_shard_.scalar_type() ? flat_shard_ : flat_shard_.to(pd);
+  ag_.output = at::empty({world_ * shard_numel_}, ag_.input.options());
+  ag_.work = pg_->all_gather_into_tensor_async(ag_.output, ag_.input);
+  ag_.pending = true;
+}
+
+void ShardUnit::finish_unshard() {
+  if (unsharded_) return;
+  if (params_.empty()) {
+    unsharded_ = true;
+    return;
+  }
+  start_unshard();
+  ag_.work.wait();
+  ag_.pending = false;
+  at::NoGradGuard no_grad;
+  const at::Tensor rows_of_rank = ag_.output.view({world_, shard_numel_});
+  for (ShardedParam& p : params_) {
+    allocate_storage(p.full);
+    at::Tensor full2d = p.full.view({p.rows, p.row_numel});
+    for (int r = 0; r < world_; ++r) {
+      const int64_t n = p.rows_of(r);
+      if (n == 0) continue;
+      full2d.narrow(0, p.first_row(r), n)
+          .copy_(rows_of_rank[r].narrow(0, p.offset, n * p.row_numel).view({n, p.row_numel}));
+    }
+    p.param.set_data(p.full);
+  }
+  ag_.input = at::Tensor();
+  ag_.output = at::Tensor();
+  unsharded_ = true;
+}
+
+void ShardUnit::reshard() {
+  if (ag_.pending) {  // launched but never used: still complete it, as every rank does
+    ag_.work.wait();
+    ag_.pending = false;
+    ag_.input = at::Tensor();
+    ag_.output = at::Tensor();
+  }
+  if (!unsharded_) return;
+  for (ShardedParam& p : params_) {
+    p.param.set_data(p.shard);
+    free_storage(p.full);
+  }
+  unsharded_ = false;
+}
+
+void ShardUnit::stash_grads() {
+  for (ShardedParam& p : params_) {
+    if (!p.requires_grad) continue;
+    at::Tensor g = p.param.grad();
+    if (!g.defined()) continue;
+    if (g.sizes() == p.shard.sizes() && !p.stash.defined()) {
+      p.stash = g;
+      p.param.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
+void ShardUnit::reduce_grads(bool sync) {
+  at::NoGradGuard no_grad;
+  const at::ScalarType rdt = reduce_dtype();
+  std::vector<at::Tensor> grads(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ShardedParam& p = params_[i];
+    if (!p.requires_grad) continue;
+    at::Tensor g = p.param.grad();
+    if (g.defined() && g.sizes() != at::IntArrayRef(p.sizes)) g = at::Tensor();  // a shard's
+    if (g.defined()) p.param.mutable_grad() = at::Tensor();
+    if (!sync) {
+      if (g.defined()) {
+        p.accumulated = p.accumulated.defined() ? p.accumulated.add_(g.to(rdt)) : g.to(rdt);
+      }
+      p.param.mutable_grad() = p.stash;
+      p.stash = at::Tensor();
+      continue;
+    }
+    if (p.accumulated.defined()) {
+      g = g.defined() ? p.accumulated.add_(g.to(rdt)) : p.accumulated;
+      p.accumulated = at::Tensor();
+    }
+    grads[i] = g;
+  }
+  if (!sync) return;
+
+  rs_.reduced.clear();
+  rs_.offsets.clear();
+  int64_t width = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad) continue;
+    rs_.reduced.push_back(i);
+    rs_.offsets.push_back(width);
+    width += params_[i].padded_numel();
+  }
+  if (rs_.reduced.empty()) return;
+  rs_.width = width;
+  const int64_t k = static_cast<int64_t>(rs_.reduced.size());
+  // Row r: [g0 chunk r | g1 chunk r | ... | one flag per parameter]. A flag is 1 where
+  // this rank has a gradient, so that after the reduction every rank knows which
+  // parameters some rank used (the others keep their .grad(), as under DDP).
+  rs_.input = at::zeros({world_, width + k},
+                        at::TensorOptions().dtype(rdt).device(flat_shard_.device()));
+  for (int64_t j = 0; j < k; ++j) {
+    const ShardedParam& p = params_[rs_.reduced[j]];
+    const at::Tensor& g = grads[rs_.reduced[j]];
+    if (!g.defined()) continue;
+    at::Tensor g2 = g.reshape({p.rows, p.row_numel});
+    for (int r = 0; r < world_; ++r) {
+      const int64_t n = p.rows_of(r);
+      if (n == 0) continue;
+      rs_.input[r].narrow(0, rs_.offsets[j], n * p.row_numel).copy_(
+          g2.narrow(0, p.first_row(r), n).reshape({n * p.row_numel}));
+    }
+    rs_.input.select(1, width + j).fill_(1);
+  }
+  ReduceOp op = ReduceOp::SUM;
+  rs_.post_divide = 1;
+  if (world_ > 1) {
+    if (rdt == at::kFloat || rdt == at::kBFloat16 || rdt == at::kDouble) {
+      op = ReduceOp::AVG;
+    } else {
+      // FSDP2's divide factors for dtypes that may overflow: ~sqrt(N) before the sum,
+      // the rest after it.
+      int64_t pre = 1;
+      while (world_ % pre == 0 && world_ / pre > pre) pre *= 2;
+      if (pre != 1) rs_.input.div_(static_cast<double>(pre));
+      rs_.post_divide = static_cast<double>(world_) / static_cast<double>(pre);
+    }
+  }
+  rs_.output = at::empty({width + k}, rs_.input.options());
+  at::Tensor flat_in = rs_.input.view({-1});
+  rs_.work = pg_->reduce_scatter_tensor_async(rs_.output, flat_in, op);
+  rs_.pending = true;
+}
+
+void ShardUnit::finish_reduce() {
+  if (!rs_.pending) return;
+  rs_.work.wait();
+  rs_.pending = false;
+  at::NoGradGuard no_grad;
+  if (rs_.post_divide != 1) rs_.output.div_(rs_.post_divide);
+  const int64_t k = static_cast<int64_t>(rs_.reduced.size());
+  const at::Tensor flags = rs_.output.narrow(0, rs_.width, k).to(at::kCPU, at::kFloat);
+  const float* used = flags.data_ptr<float>();
+  for (int64_t j = 0; j < k; ++j) {
+    ShardedParam& p = params_[rs_.reduced[j]];
+    at::Tensor grad = p.stash;
+    if (used[j] > 0) {
+      // A plain tensor over the output's storage, not an autograd view of it:
+      // optimizers' zero_grad() detaches gradients in place, which a view refuses.
+      at::Tensor g;
+      if (rs_.output.scalar_type() == p.dtype) {
+        g = at::empty({0}, rs_.output.options());
+        const auto sizes = p.shard_sizes(p.local_rows);
+        g.set_(rs_.output.storage(), rs_.output.storage_offset() + rs_.offsets[j], sizes,
+               c10::contiguous_strides(sizes));
+      } else {
+        g = rs_.output.narrow(0, rs_.offsets[j], p.local_rows * p.row_numel)
+                .to(p.dtype)
+                .view(p.shard_sizes(p.local_rows));
+      }
+      if (grad.defined()) {
+        grad.add_(g);
+      } else {
+        grad = g;
+      }
+    }
+    p.param.mutable_grad() = grad;
+    p.stash = at::Tensor();
+  }
+  rs_.input = at::Tensor();
+  rs_.output = at::Tensor();
+}
+
+}  // namespace detail
+}  // namespace ddp

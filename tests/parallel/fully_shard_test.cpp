@@ -6,6 +6,7 @@
 // state dicts, and the errors a user can cause.
 
 #include "parallel/ddp_test_util.h"
+#include "parallel/fsdp_test_models.h"
 #include "parallel/shard_unit.h"
 
 #include <ddp/parallel/fully_shard.h>
@@ -28,55 +29,10 @@ using ddp_test::error_of;
 using ddp_test::init_params;
 using ddp_test::options_for;
 using ddp_test::run_thread_groups;
-
-constexpr int64_t kVocab = 11, kCtx = 6, kDim = 12, kHeads = 2;
-
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
-      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
-        // No bias: the key's bias has a zero gradient in exact arithmetic (softmax does not
-        // see a shift), so Adam would amplify the rounding noise of its gradient.
-        qkv(register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(kDim, 3 * kDim).bias(false)))),
-        proj(register_module("proj", torch::nn::Linear(kDim, kDim))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
-        fc(register_module("fc", torch::nn::Linear(kDim, 4 * kDim))),
-        out(register_module("out", torch::nn::Linear(4 * kDim, kDim))) {}
-  at::Tensor forward(at::Tensor x) {
-    const int64_t b = x.size(0), t = x.size(1), hd = kDim / kHeads;
-    auto parts = qkv(ln1(x)).chunk(3, -1);
-    auto heads = [&](const at::Tensor& y) { return y.view({b, t, kHeads, hd}).transpose(1, 2); };
-    at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    at::Tensor mask = at::ones({t, t}, at::kBool).triu(1);
-    att = at::softmax(att.masked_fill(mask, -1e9), -1);
-    at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({b, t, kDim});
-    x = x + proj(y);
-    return x + out(at::gelu(fc(ln2(x))));
-  }
-  torch::nn::LayerNorm ln1;
-  torch::nn::Linear qkv, proj;
-  torch::nn::LayerNorm ln2;
-  torch::nn::Linear fc, out;
-};
-
-/// Embedding, two blocks in a Sequential, LayerNorm, output weights tied to the
-/// embedding's.
-struct TinyGptImpl : torch::nn::Module {
-  TinyGptImpl()
-      : wte(register_module("wte", torch::nn::Embedding(kVocab, kDim))),
-        wpe(register_module("wpe", torch::nn::Embedding(kCtx, kDim))),
-        blocks(register_module("blocks", torch::nn::Sequential(std::make_shared<BlockImpl>(),
-                                                                std::make_shared<BlockImpl>()))),
-        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))) {}
-  at::Tensor forward(at::Tensor idx) {
-    at::Tensor x = wte(idx) + wpe(at::arange(idx.size(1), at::kLong));
-    x = ln_f(blocks->forward(x));
-    return torch::nn::functional::linear(x, wte->weight);
-  }
-  torch::nn::Embedding wte, wpe;
-  torch::nn::Sequential blocks;
-  torch::nn::LayerNorm ln_f;
-};
+using ddp_test::BlockImpl;
+using ddp_test::TinyGptImpl;
+using ddp_test::kCtx;
+using ddp_test::kVocab;
 
 /// Sizes 7, 13, 5, 3: no multiple of 2 or 3 in sight.
 std::shared_ptr<torch::nn::SequentialImpl> make_mlp() {
@@ -162,11 +118,11 @@ void expect_close(const torch::OrderedDict<std::string, at::Tensor>& got,
 template <typename Root>
 void train_pair(const Config& c, ddp::ProcessGroup& pg, const std::string& what) {
   const int rank = pg.rank();
-  auto ref = std::static_pointer_cast<Root>(make_model(c));
+  auto ref = std::dynamic_pointer_cast<Root>(make_model(c));
   auto dmodel = ddp::DistributedDataParallel(ref, options_for(pg));
   torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
 
-  auto model = std::static_pointer_cast<Root>(make_model(c));
+  auto model = std::dynamic_pointer_cast<Root>(make_model(c));
   auto fsdp = shard_model(model, c, pg);
   torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
 
@@ -283,12 +239,12 @@ TEST(FullyShard, Bf16ParamDtypeKeepsFp32ShardsAndMatchesAHandWrittenReference) {
   c.steps = 10;
   run_thread_groups(c.world, [&](ddp::ProcessGroup& pg) {
     const int rank = pg.rank();
-    auto master = std::static_pointer_cast<TinyGptImpl>(make_model(c));
-    auto compute = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto master = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
+    auto compute = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     compute->to(at::kBFloat16);
     torch::optim::Adam ref_opt(master->parameters(), torch::optim::AdamOptions(1e-2));
 
-    auto model = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     auto fsdp = shard_model(model, c, pg, ddp::MixedPrecisionPolicy().param_dtype(at::kBFloat16));
     torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
     for (const auto& p : fsdp->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
@@ -335,7 +291,7 @@ TEST(FullyShard, FullStateDictLoadsAtAnotherWorldSize) {
   Config c;
   c.steps = 3;
   run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     auto fsdp = shard_model(model, c, pg);
     torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
     for (int step = 0; step < c.steps; ++step) {
@@ -353,7 +309,7 @@ TEST(FullyShard, FullStateDictLoadsAtAnotherWorldSize) {
 
   for (int world : {2, 1}) {
     run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
-      auto model = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+      auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
       auto fsdp = shard_model(model, c, pg);
       const torch::OrderedDict<std::string, at::Tensor> empty;
       ddp::load_full_state_dict(*fsdp, pg.rank() == 0 ? saved : empty, /*from_rank0=*/true);
@@ -375,10 +331,10 @@ TEST(FullyShard, OptimizerBuiltBeforeShardingStepsTheShards) {
   Config c;
   c.steps = 5;
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto a = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto a = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(1e-2));
     auto fa = shard_model(a, c, pg);
-    auto b = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto b = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     auto fb = shard_model(b, c, pg);
     torch::optim::Adam opt_b(fb->parameters(), torch::optim::AdamOptions(1e-2));
     for (int step = 0; step < c.steps; ++step) {
@@ -400,7 +356,7 @@ TEST(FullyShard, OptimizerBuiltBeforeShardingStepsTheShards) {
 TEST(FullyShard, EvalForwardFreesEveryUnitAndTrainingGoesOn) {
   Config c;
   run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto model = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+    auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
     auto fsdp = shard_model(model, c, pg);
     at::Tensor x = batch_input(c, 0, 0, pg.rank());
     at::Tensor train_out = fsdp(x);
@@ -480,7 +436,7 @@ TEST(FullyShard, ErrorsNameTheModule) {
     // Two forwards before a backward.
     {
       Config c;
-      auto model = std::static_pointer_cast<TinyGptImpl>(make_model(c));
+      auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
       auto fsdp = shard_model(model, c, pg);
       at::Tensor x = batch_input(c, 0, 0, pg.rank());
       at::Tensor first = fsdp(x);

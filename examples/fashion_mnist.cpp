@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
   int threads = 0, timeout_s = 1800;
   std::string backend, data_dir = kDefaultDataDir, run_dir = "runs", name = "fashion_mnist";
   std::string progress_flag = "auto";
-  bool resume = false, trace = false, amp = false, sync_bn = false;
+  bool resume = false, trace = false, amp = false, sync_bn = false, fsdp = false;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -147,9 +148,14 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-bn", sync_bn,
                "Add a SyncBatchNorm after each convolution: batch "
                "statistics over all ranks' samples");
+  auto* fsdp_flag = app.add_flag(
+      "--fsdp", fsdp,
+      "Shard the model with ddp::fully_shard instead of replicating it with DDP: each rank "
+      "keeps 1/N of the weights, gradients and Adam state (checkpoints stay whole)");
   app.add_flag("--trace", trace,
                "Write a Chrome trace per rank to "
-               "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)");
+               "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)")
+      ->excludes(fsdp_flag);
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) torch::set_num_threads(threads);
   const fs::path out_dir = fs::path(run_dir) / name;
@@ -191,14 +197,26 @@ int main(int argc, char** argv) {
     model->to(device);
 
     // Step 5: wrap the model in DistributedDataParallel. This broadcasts rank 0's
-    // weights, so every rank starts from the same model.
-    auto options = ddp::DistributedDataParallelOptions();
-    if (device.is_cuda()) options.device_ids({device.index()});
-    if (trace) options.trace_path((out_dir / "trace-rank{rank}.json").string());
-    auto dmodel = ddp::DistributedDataParallel(model, options);
+    // weights, so every rank starts from the same model. (--fsdp: ddp::fully_shard
+    // instead; every rank keeps its rows of each weight, and the model's own
+    // parameters become those shards.)
+    std::shared_ptr<torch::nn::Module> wrapped;  // train(), eval() and parameters()
+    std::function<torch::Tensor(const torch::Tensor&)> forward;
+    if (fsdp) {
+      auto unit = ddp::fully_shard(model.ptr());
+      wrapped = unit.ptr();
+      forward = [unit](const torch::Tensor& x) mutable { return unit(x); };
+    } else {
+      auto options = ddp::DistributedDataParallelOptions();
+      if (device.is_cuda()) options.device_ids({device.index()});
+      if (trace) options.trace_path((out_dir / "trace-rank{rank}.json").string());
+      auto dmodel = ddp::DistributedDataParallel(model, options);
+      wrapped = dmodel.ptr();
+      forward = [dmodel](const torch::Tensor& x) mutable { return dmodel->forward(x); };
+    }
     torch::manual_seed(seed + rank);  // but each rank its own dropout masks
 
-    torch::optim::Adam optimizer(dmodel->parameters(), torch::optim::AdamOptions(lr));
+    torch::optim::Adam optimizer(wrapped->parameters(), torch::optim::AdamOptions(lr));
 
     // --amp: autocast runs the convolutions and linear layers in lower precision. float16
     // (GPU) needs the gradient scaler, or small gradients underflow to zero; bfloat16
@@ -207,7 +225,10 @@ int main(int argc, char** argv) {
     // all-reduce all ranks check the same gradients.
     const ddp::amp::AutocastOptions autocast = ddp::amp::AutocastOptions().enabled(amp).dtype(
         device.is_cuda() ? torch::kHalf : torch::kBFloat16);
-    ddp::amp::GradScaler scaler(ddp::amp::GradScalerOptions().enabled(amp && device.is_cuda()));
+    // (Sharded, each rank checks only its rows: the scaler then agrees over the group.)
+    ddp::amp::GradScaler scaler(ddp::amp::GradScalerOptions()
+                                    .enabled(amp && device.is_cuda())
+                                    .process_group(fsdp ? ddp::default_group() : nullptr));
 
     // Step 7: the DistributedSampler hands each rank a disjoint slice of the training
     // set (a different one every epoch, the same permutation on every rank).
@@ -275,7 +296,7 @@ int main(int argc, char** argv) {
                              epoch_samples);
 
       // ---- Train ----
-      dmodel->train();
+      wrapped->train();
       double loss_sum = 0;
       int64_t batches = 0, samples = 0;
       while (auto indices = sampler.next(static_cast<size_t>(batch_size))) {
@@ -288,7 +309,7 @@ int main(int argc, char** argv) {
         {
           // Only the forward pass runs under autocast (a no-op without --amp).
           ddp::amp::AutocastGuard guard(device.type(), autocast);
-          logits = dmodel->forward(x);
+          logits = forward(x);
         }
         const auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), y);
         // Step 6: backward averages the gradients across ranks, bucket by bucket, while
@@ -310,7 +331,7 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
 
       // ---- Evaluate on the whole test set: each rank its shard, then sum the counts ----
-      dmodel->eval();
+      wrapped->eval();
       int64_t correct = 0;
       {
         torch::NoGradGuard no_grad;
@@ -320,8 +341,10 @@ int main(int argc, char** argv) {
           const int64_t n = std::min<int64_t>(128, test_end - i);
           const auto x = normalize(test.images.narrow(0, i, n)).to(device);
           const auto y = test.labels.narrow(0, i, n).to(device);
-          // The wrapped module: evaluation needs no gradient synchronisation.
-          correct += dmodel->module()->forward(x).argmax(1).eq(y).sum().item<int64_t>();
+          // The unwrapped module: evaluation needs no gradient synchronisation. (A sharded
+          // model runs through its unit, which gathers the weights for the forward.)
+          const auto logits = fsdp ? forward(x) : model->forward(x);
+          correct += logits.argmax(1).eq(y).sum().item<int64_t>();
         }
       }
       // [loss sum, batches, samples, correct, test images seen] summed over ranks. The
@@ -361,12 +384,13 @@ int main(int argc, char** argv) {
       }
     }
 
-    // Step 9: rank 0 alone saves the unwrapped model (dmodel->module(), not dmodel, so
-    // the keys read "conv1.weight", not "module.conv1.weight"). Python reads it with
-    // torch.load(path) and load_state_dict.
+    // Step 9: rank 0 alone saves the unwrapped model (model, not dmodel, so the keys
+    // read "conv1.weight", not "module.conv1.weight"). Python reads it with
+    // torch.load(path) and load_state_dict. (Sharded, every rank first gives its rows.)
     const fs::path model_path = out_dir / "model.pt";
+    const auto state = fsdp ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
     if (rank == 0) {
-      ddp::save_model_state_dict(*dmodel->module(), model_path.string());
+      ddp::save_state_dict(state, model_path.string());
       const fs::path plot_path = out_dir / "curves.svg";
       write_curves_svg(plot_path.string(), history,
                        "Fashion-MNIST, " + std::to_string(world_size) +

@@ -196,8 +196,7 @@ void pre_backward(ShardUnit& u) {
       if (v->schedule.ran_forward) v->stash_grads();
     }
     ShardUnit* root = u.schedule.root;
-    torch::autograd::Engine::get_default_engine().queue_callback(
-        [root] { finish_backward(root); });
+    torch::autograd::Engine::get_default_engine().queue_callback([root] { finish_backward(root); });
   }
   u.finish_unshard();
   // Prefetch: the unit that ran forward before this one runs backward next.
@@ -227,10 +226,10 @@ void lazy_init_root(ShardUnit& root) {
     if (!w || !w->is_sharded()) continue;
     ShardUnit& u = w->unit();
     if (u.schedule.root == &root) continue;
-    DDP_CHECK(!(u.schedule.step && u.schedule.step->active),
-              "ddp::fully_shard: unit ", u.name(), " ran a forward of its own as a root, and its "
-              "step is not over, when the unit around it (", root.name(),
-              ") ran its first forward. Call the model's root unit, not its blocks.");
+    DDP_CHECK(!(u.schedule.step && u.schedule.step->active), "ddp::fully_shard: unit ", u.name(),
+              " ran a forward of its own as a root, and its "
+              "step is not over, when the unit around it (",
+              root.name(), ") ran its first forward. Call the model's root unit, not its blocks.");
     u.schedule.root = &root;
     u.schedule.is_root = false;
     u.schedule.step.reset();
@@ -255,7 +254,8 @@ std::vector<at::Tensor> unit_pre_forward(ShardUnit& u, std::vector<at::Tensor> i
   const bool grad = at::GradMode::is_enabled();
   if (u.schedule.is_root) {
     if (st.active && st.training && !st.backward_started && st.live_graphs->load() > 0) {
-      DDP_CHECK(!grad, "ddp::fully_shard(", u.name(), "): a forward with gradients ran again "
+      DDP_CHECK(!grad, "ddp::fully_shard(", u.name(),
+                "): a forward with gradients ran again "
                 "while the previous forward's autograd graph still waits for its backward. A "
                 "sharded model runs one backward per forward: call backward() on the first "
                 "output (or drop it) before the next forward, and accumulate gradients over "
@@ -274,8 +274,11 @@ std::vector<at::Tensor> unit_pre_forward(ShardUnit& u, std::vector<at::Tensor> i
       }
     }
   } else {
-    DDP_CHECK(st.active, "ddp::fully_shard(", u.name(), "): this unit's forward ran outside "
-              "its root's forward (", u.schedule.root->name(), "). Call the root unit; its "
+    DDP_CHECK(st.active, "ddp::fully_shard(", u.name(),
+              "): this unit's forward ran outside "
+              "its root's forward (",
+              u.schedule.root->name(),
+              "). Call the root unit; its "
               "forward runs the blocks.");
   }
   if (!st.side) {
@@ -295,9 +298,9 @@ std::vector<at::Tensor> unit_pre_forward(ShardUnit& u, std::vector<at::Tensor> i
   if (mp.param_dtype() && mp.cast_forward_inputs()) {
     for (at::Tensor& t : inputs) t = cast_floating(t, *mp.param_dtype());
   }
-  const bool any_grad =
-      grad && std::any_of(inputs.begin(), inputs.end(),
-                          [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  const bool any_grad = grad && std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
+                          return t.defined() && t.requires_grad();
+                        });
   if (any_grad) {
     auto ref = c10::make_intrusive<UnitRef>(&u, st.live_graphs);
     inputs = PostBackward::apply(at::TensorList(inputs), c10::IValue::make_capsule(std::move(ref)));
@@ -314,7 +317,8 @@ std::vector<at::Tensor> unit_post_forward(ShardUnit& u, std::vector<at::Tensor> 
                           [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
   if (any_grad && known) {
     auto ref = c10::make_intrusive<UnitRef>(&u, st.live_graphs);
-    outputs = PreBackward::apply(at::TensorList(outputs), c10::IValue::make_capsule(std::move(ref)));
+    outputs =
+        PreBackward::apply(at::TensorList(outputs), c10::IValue::make_capsule(std::move(ref)));
     if (effective_reshard(u)) u.reshard();
   } else if (!any_grad) {
     u.reshard();  // nothing will run backward through this unit
@@ -361,7 +365,8 @@ const FullyShardOptions& unit_options(const ShardUnit& u) { return u.options(); 
 
 void check_can_shard(const Module& module) {
   if (auto unit = registered_unit(&module)) {
-    DDP_CHECK(false, "ddp::fully_shard: ", module.name(), " is already sharded (fully_shard "
+    DDP_CHECK(false, "ddp::fully_shard: ", module.name(),
+              " is already sharded (fully_shard "
               "was applied to it before). Apply fully_shard once per module.");
   }
   DDP_CHECK(dynamic_cast<const FullyShardBase*>(&module) == nullptr,
@@ -433,10 +438,13 @@ void place_units(Module& root) {
     const long outside = m.use_count() - 1 - tree_refs.at(s.module) - 2;
     DDP_CHECK(outside <= 0, "ddp::fully_shard: the ", m->name(), " at '", s.path,
               "' is a unit, but it is also held outside the module tree (", outside,
-              " more reference", outside == 1 ? "" : "s", " than its registrations), "
-              "typically by a typed field of its parent such as `", m->name(), " ", s.name,
+              " more reference", outside == 1 ? "" : "s",
+              " than its registrations), "
+              "typically by a typed field of its parent such as `",
+              m->name(), " ", s.name,
               ";`. That field cannot hold the unit, so the model's forward would call the "
-              "module without its all-gather. Declare the field as ddp::FullyShard<", m->name(),
+              "module without its all-gather. Declare the field as ddp::FullyShard<",
+              m->name(),
               "> (a plain pass-through until sharded), or reach the module through "
               "torch::nn::Sequential, ModuleList or ModuleDict, or drop other references to "
               "it before fully_shard. Nothing was changed.");
@@ -498,11 +506,13 @@ FullyShardBase::FullyShardBase(std::shared_ptr<torch::nn::Module> module)
 void FullyShardBase::shard(const FullyShardOptions& options,
                            std::function<torch::nn::AnyModule()> as_any) {
   using detail::ShardUnit;
-  DDP_CHECK(!unit_, "ddp::fully_shard: ", module_->name(), " is already sharded (fully_shard "
+  DDP_CHECK(!unit_, "ddp::fully_shard: ", module_->name(),
+            " is already sharded (fully_shard "
             "was applied to it before). Apply fully_shard once per module.");
   std::shared_ptr<ProcessGroup> pg = options.process_group();
   if (!pg) {
-    DDP_CHECK(is_initialized(), "ddp::fully_shard(", module_->name(), ") needs a process group, "
+    DDP_CHECK(is_initialized(), "ddp::fully_shard(", module_->name(),
+              ") needs a process group, "
               "but the default one is not initialised and FullyShardOptions::process_group is "
               "not set. Call ddp::init_process_group() first, or pass a group.");
     pg = default_group();
@@ -513,7 +523,8 @@ void FullyShardBase::shard(const FullyShardOptions& options,
   const auto mine = named_children();
   for (const auto& item : module_->named_children()) {
     const auto* old = mine.find(item.key());
-    if (old != nullptr && old->get() != item.value().get()) replace_module(item.key(), item.value());
+    if (old != nullptr && old->get() != item.value().get())
+      replace_module(item.key(), item.value());
   }
   const auto nested = detail::nested_units(*module_);
   std::vector<std::pair<std::string, at::Tensor>> params;
@@ -529,7 +540,8 @@ void FullyShardBase::shard(const FullyShardOptions& options,
       continue;
     }
     DDP_CHECK(!detail::is_ddp_param(p), "ddp::fully_shard(", module_->name(), "): parameter '",
-              item.key(), "' belongs to a DistributedDataParallel. A parameter is either "
+              item.key(),
+              "' belongs to a DistributedDataParallel. A parameter is either "
               "replicated by DDP or sharded by fully_shard, not both: shard the unwrapped "
               "module and drop the DDP wrapper.");
     DDP_CHECK(p.is_leaf(), "ddp::fully_shard(", module_->name(), "): parameter '", item.key(),
@@ -568,7 +580,8 @@ void FullyShardBase::set_requires_gradient_sync(bool sync, bool recurse) {
   if (unit_) detail::unit_set_requires_gradient_sync(*unit_, sync);
   if (!recurse) return;
   for (const auto& m : modules(/*include_self=*/false)) {
-    if (auto* w = dynamic_cast<FullyShardBase*>(m.get())) w->set_requires_gradient_sync(sync, false);
+    if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
+      w->set_requires_gradient_sync(sync, false);
   }
 }
 
@@ -576,7 +589,8 @@ void FullyShardBase::set_reshard_after_forward(bool reshard, bool recurse) {
   if (unit_) detail::unit_set_reshard_after_forward(*unit_, reshard);
   if (!recurse) return;
   for (const auto& m : modules(/*include_self=*/false)) {
-    if (auto* w = dynamic_cast<FullyShardBase*>(m.get())) w->set_reshard_after_forward(reshard, false);
+    if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
+      w->set_reshard_after_forward(reshard, false);
   }
 }
 

@@ -48,8 +48,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   DDP_CHECK(norm_type > 0, "ddp::clip_grad_norm_: norm_type must be > 0 (or infinity), but got ",
             norm_type, ".");
   DDP_CHECK(std::isfinite(max_norm) && max_norm >= 0,
-            "ddp::clip_grad_norm_: max_norm must be a finite number >= 0, but got ", max_norm,
-            ".");
+            "ddp::clip_grad_norm_: max_norm must be a finite number >= 0, but got ", max_norm, ".");
   const bool inf = std::isinf(norm_type);
   std::vector<at::Tensor> grads;
   std::unordered_set<const void*> seen;
@@ -75,8 +74,10 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     at::Tensor& acc = unit ? sharded_part : local_part;
     acc = !acc.defined() ? part : (inf ? at::maximum(acc, part) : acc + part);
   }
-  const at::TensorOptions opts = at::TensorOptions().dtype(at::kDouble).device(
-      device ? *device : (group ? group->device() : c10::Device(at::kCPU)));
+  const at::TensorOptions opts =
+      at::TensorOptions()
+          .dtype(at::kDouble)
+          .device(device ? *device : (group ? group->device() : c10::Device(at::kCPU)));
   if (!sharded_part.defined()) sharded_part = at::zeros({}, opts);
   if (!local_part.defined()) local_part = at::zeros({}, opts);
   if (group) {
@@ -84,9 +85,9 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     group->all_reduce(s, inf ? ReduceOp::MAX : ReduceOp::SUM);
     sharded_part = s.reshape({});
   }
-  at::Tensor total = inf ? at::maximum(sharded_part.to(opts.device()), local_part.to(opts.device()))
-                         : (sharded_part.to(opts.device()) + local_part.to(opts.device()))
-                               .pow(1.0 / norm_type);
+  at::Tensor total =
+      inf ? at::maximum(sharded_part.to(opts.device()), local_part.to(opts.device()))
+          : (sharded_part.to(opts.device()) + local_part.to(opts.device())).pow(1.0 / norm_type);
   const double norm = total.item<double>();
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1) {
@@ -96,7 +97,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   return total.to(at::kFloat);
 }
 
-torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {
+c10::Dict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> items;
   std::unordered_map<const void*, at::Tensor> gathered;  // tied weights: gathered once
   int rank = is_initialized() ? get_rank() : 0;
@@ -117,7 +118,7 @@ torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& m
     }
     items.emplace_back(item.key(), value);
   }
-  torch::OrderedDict<std::string, at::Tensor> out;
+  c10::Dict<std::string, at::Tensor> out;
   if (rank != 0) return out;
   for (auto& kv : items) out.insert(kv.first, kv.second.detach().to(at::kCPU));
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
@@ -129,20 +130,19 @@ torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& m
 namespace {
 
 /// The first problem with loading `state` into `model`, or "".
-std::string check_state(torch::nn::Module& model,
-                        const torch::OrderedDict<std::string, at::Tensor>& state) {
+std::string check_state(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state) {
   std::unordered_set<std::string> known;
   auto check = [&](const std::string& key, at::IntArrayRef sizes) -> std::string {
     known.insert(key);
-    const at::Tensor* src = state.find(key);
-    if (src == nullptr) {
+    const auto found = state.find(key);
+    if (found == state.end()) {
       return "ddp::load_full_state_dict: key '" + key +
              "' of the model is missing from the state dict. Save it with "
              "ddp::full_state_dict from the same model.";
     }
-    if (src->sizes() != sizes) {
-      return c10::str("ddp::load_full_state_dict: key '", key, "' has shape ", src->sizes(),
-                      " in the state dict but ", sizes, " in the model.");
+    if (found->value().sizes() != sizes) {
+      return c10::str("ddp::load_full_state_dict: key '", key, "' has shape ",
+                      found->value().sizes(), " in the state dict but ", sizes, " in the model.");
     }
     return "";
   };
@@ -169,8 +169,7 @@ std::string check_state(torch::nn::Module& model,
 
 }  // namespace
 
-void load_full_state_dict(torch::nn::Module& model,
-                          const torch::OrderedDict<std::string, at::Tensor>& state,
+void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state,
                           bool from_rank0) {
   at::NoGradGuard no_grad;
   std::shared_ptr<ProcessGroup> group;
@@ -199,10 +198,10 @@ void load_full_state_dict(torch::nn::Module& model,
     const std::vector<int64_t> sizes = p ? p->sizes : target.sizes().vec();
     at::Tensor value;
     if (from_rank0) {
-      value = rank == 0 ? state[key].to(opts).contiguous() : at::empty(sizes, opts);
+      value = rank == 0 ? state.at(key).to(opts).contiguous() : at::empty(sizes, opts);
       group->broadcast(value, 0);
     } else {
-      value = state[key];
+      value = state.at(key);
     }
     if (p) {
       at::Tensor rows =

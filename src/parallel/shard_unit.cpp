@@ -2,6 +2,7 @@
 
 #include <ddp/errors.h>
 
+#include "distributed/comm.h"
 #include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
@@ -158,13 +159,14 @@ void ShardUnit::shard(std::vector<std::pair<std::string, at::Tensor>> named) {
     }
     const std::string what = la.empty() ? lb : la;
     const std::string pname = what.substr(0, what.find(' '));
-    throw MismatchError(c10::str(
-        "ddp::fully_shard(", name_, "): the parameters differ between rank 0 and rank ", r,
-        ", first at '", pname, "' (rank 0: ", la.empty() ? "<none>" : la.substr(la.find(' ') + 1),
-        "; rank ", r, ": ", lb.empty() ? "<none>" : lb.substr(lb.find(' ') + 1),
-        " [shape dtype content hash]). Every rank must build the same model with the same "
-        "initial values before fully_shard: seed the generator identically on every rank "
-        "(torch::manual_seed), or load the same weights, or broadcast them from rank 0."));
+    throw MismatchError(
+        c10::str("ddp::fully_shard(", name_, "): the parameters differ between rank 0 and rank ", r,
+                 ", first at '", pname,
+                 "' (rank 0: ", la.empty() ? "<none>" : la.substr(la.find(' ') + 1), "; rank ", r,
+                 ": ", lb.empty() ? "<none>" : lb.substr(lb.find(' ') + 1),
+                 " [shape dtype content hash]). Every rank must build the same model with the same "
+                 "initial values before fully_shard: seed the generator identically on every rank "
+                 "(torch::manual_seed), or load the same weights, or broadcast them from rank 0."));
   }
 
   at::NoGradGuard no_grad;
@@ -215,7 +217,15 @@ void ShardUnit::start_unshard() {
   const at::ScalarType pd = param_dtype();
   ag_.input = pd == flat_shard_.scalar_type() ? flat_shard_ : flat_shard_.to(pd);
   ag_.output = at::empty({world_ * shard_numel_}, ag_.input.options());
-  ag_.work = pg_->all_gather_into_tensor_async(ag_.output, ag_.input);
+  // An all-gather copies bytes: bfloat16 travels as bytes, which every backend carries
+  // (Gloo in LibTorch 1.13 has no bfloat16, and no int16).
+  if (pd == at::kBFloat16) {
+    at::Tensor in8 = ag_.input.view(at::kByte);
+    at::Tensor out8 = ag_.output.view(at::kByte);
+    ag_.work = pg_->all_gather_into_tensor_async(out8, in8);
+  } else {
+    ag_.work = pg_->all_gather_into_tensor_async(ag_.output, ag_.input);
+  }
   ag_.pending = true;
 }
 
@@ -314,8 +324,12 @@ void ShardUnit::reduce_grads(bool sync) {
   // Row r: [g0 chunk r | g1 chunk r | ... | one flag per parameter]. A flag is 1 where
   // this rank has a gradient, so that after the reduction every rank knows which
   // parameters some rank used (the others keep their .grad(), as under DDP).
-  rs_.input = at::zeros({world_, width + k},
-                        at::TensorOptions().dtype(rdt).device(flat_shard_.device()));
+  // A backend that cannot reduce this dtype (Gloo in LibTorch 1.13 and bfloat16)
+  // reduces in float32; the sharded gradient is cast back (Comm::reduces_dtype).
+  const at::ScalarType wire = comm_of(*pg_).reduces_dtype(rdt) ? rdt : at::kFloat;
+  rs_.dtype = rdt;
+  rs_.input =
+      at::zeros({world_, width + k}, at::TensorOptions().dtype(wire).device(flat_shard_.device()));
   for (int64_t j = 0; j < k; ++j) {
     const ShardedParam& p = params_[rs_.reduced[j]];
     const at::Tensor& g = grads[rs_.reduced[j]];
@@ -324,15 +338,16 @@ void ShardUnit::reduce_grads(bool sync) {
     for (int r = 0; r < world_; ++r) {
       const int64_t n = p.rows_of(r);
       if (n == 0) continue;
-      rs_.input[r].narrow(0, rs_.offsets[j], n * p.row_numel).copy_(
-          g2.narrow(0, p.first_row(r), n).reshape({n * p.row_numel}));
+      rs_.input[r]
+          .narrow(0, rs_.offsets[j], n * p.row_numel)
+          .copy_(g2.narrow(0, p.first_row(r), n).reshape({n * p.row_numel}));
     }
     rs_.input.select(1, width + j).fill_(1);
   }
   ReduceOp op = ReduceOp::SUM;
   rs_.post_divide = 1;
   if (world_ > 1) {
-    if (rdt == at::kFloat || rdt == at::kBFloat16 || rdt == at::kDouble) {
+    if (wire == at::kFloat || wire == at::kBFloat16 || wire == at::kDouble) {
       op = ReduceOp::AVG;
     } else {
       // FSDP2's divide factors for dtypes that may overflow: ~sqrt(N) before the sum,
@@ -365,13 +380,14 @@ void ShardUnit::finish_reduce() {
       // A plain tensor over the output's storage, not an autograd view of it:
       // optimizers' zero_grad() detaches gradients in place, which a view refuses.
       at::Tensor g;
-      if (rs_.output.scalar_type() == p.dtype) {
+      if (rs_.output.scalar_type() == p.dtype && rs_.dtype == p.dtype) {
         g = at::empty({0}, rs_.output.options());
         const auto sizes = p.shard_sizes(p.local_rows);
         g.set_(rs_.output.storage(), rs_.output.storage_offset() + rs_.offsets[j], sizes,
                c10::contiguous_strides(sizes));
       } else {
         g = rs_.output.narrow(0, rs_.offsets[j], p.local_rows * p.row_numel)
+                .to(rs_.dtype)
                 .to(p.dtype)
                 .view(p.shard_sizes(p.local_rows));
       }

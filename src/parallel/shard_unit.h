@@ -30,15 +30,15 @@ namespace ddp {
 namespace detail {
 
 struct ShardedParam {
-  std::string name;  // from the unit's module, as named_parameters() spells it
-  at::Tensor param;  // the module's tensor (Note [Shards in place])
-  std::vector<int64_t> sizes;  // full
+  std::string name;                   // from the unit's module, as named_parameters() spells it
+  at::Tensor param;                   // the module's tensor (Note [Shards in place])
+  std::vector<int64_t> sizes;         // full
   at::ScalarType dtype = at::kFloat;  // the shard's (original) dtype
-  int64_t rows = 0;        // sizes[0] (1 for a scalar)
-  int64_t row_numel = 1;   // elements per row
-  int64_t chunk_rows = 0;  // ceil(rows / N): rows per rank, padded
-  int64_t local_rows = 0;  // rows this rank holds (<= chunk_rows)
-  int64_t offset = 0;      // elements before it in a rank's flat shard
+  int64_t rows = 0;                   // sizes[0] (1 for a scalar)
+  int64_t row_numel = 1;              // elements per row
+  int64_t chunk_rows = 0;             // ceil(rows / N): rows per rank, padded
+  int64_t local_rows = 0;             // rows this rank holds (<= chunk_rows)
+  int64_t offset = 0;                 // elements before it in a rank's flat shard
   bool requires_grad = false;
   at::Tensor shard;        // [local_rows, ...] view of the unit's flat shard
   at::Tensor full;         // full sizes, param dtype; storage freed at rest
@@ -62,9 +62,9 @@ struct UnitSchedule {
   ShardUnit* root = nullptr;             // set at the root's first forward
   bool is_root = false;
   bool requires_gradient_sync = true;
-  bool ran_forward = false;          // in this step
-  bool post_backward_done = false;   // in this step
-  std::shared_ptr<RootStep> step;    // the root's only
+  bool ran_forward = false;         // in this step
+  bool post_backward_done = false;  // in this step
+  std::shared_ptr<RootStep> step;   // the root's only
 };
 
 class ShardUnit {
@@ -127,10 +127,11 @@ class ShardUnit {
     bool pending = false;
     Work work;
     at::Tensor input, output;
-    std::vector<size_t> reduced;  // indices into params_, in the buffer's order
+    std::vector<size_t> reduced;   // indices into params_, in the buffer's order
     std::vector<int64_t> offsets;  // each one's offset in a rank's row
     int64_t width = 0;             // gradient elements per rank's row (then the flags)
     double post_divide = 1;
+    at::ScalarType dtype = at::kFloat;  // reduce_dtype(); the wire's may be wider
   } rs_;
 };
 

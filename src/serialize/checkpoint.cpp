@@ -4,6 +4,7 @@
 #include <ddp/serialize/checkpoint.h>
 
 #include <ddp/amp/grad_scaler.h>
+#include <ddp/parallel/fully_shard.h>
 
 #include "amp/scaler_state.h"
 #include "distributed/common/check.h"
@@ -14,6 +15,7 @@
 #include "serialize/pickle_io.h"
 #include "serialize/rng_state.h"
 #include "serialize/state_dict.h"
+#include "serialize/sharded_model.h"
 #include "serialize/sharded_state.h"
 
 #include <c10/util/Exception.h>
@@ -70,7 +72,8 @@ c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
 
 std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
                              const std::vector<std::string>& part_bytes,
-                             const std::optional<c10::impl::GenericDict>& sharded_state) {
+                             const std::optional<c10::impl::GenericDict>& sharded_state,
+                             const std::optional<c10::Dict<std::string, at::Tensor>>& full_model) {
   std::vector<c10::impl::GenericDict> parts;
   for (size_t r = 0; r < part_bytes.size(); ++r) {
     parts.push_back(as_dict(unpickle(part_bytes[r], "save_checkpoint"),
@@ -82,16 +85,15 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
   top.insert("world_size", static_cast<int64_t>(group.size));
   top.insert("epoch", checkpoint.epoch());
   top.insert("step", checkpoint.step());
-  top.insert("model", cpu_state_dict(*checkpoint.model()));
+  top.insert("model", full_model ? *full_model : cpu_state_dict(*checkpoint.model()));
   DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state,
             "save_checkpoint: rank 0 of "
             "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
             "where its state was gathered. Use the optimizer's group for the checkpoint.");
   if (checkpoint.optimizer() != nullptr) {
     top.insert("optimizer",
-               checkpoint.sharded_optimizer()
-                   ? sharded_state.value()
-                   : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
+               sharded_state ? sharded_state.value()
+                             : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
   }
   if (checkpoint.sampler() != nullptr) {
     top.insert("sampler", sampler_dict(*checkpoint.sampler(), parts));
@@ -234,14 +236,23 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
             "'): Checkpoint::model is null; expected the unwrapped model");
   const CheckpointGroup group = checkpoint_group(checkpoint);
   // Note [Sharded optimizers in checkpoints]: gathered on rank 0, with every rank.
-  const std::optional<c10::impl::GenericDict> sharded_state =
+  std::optional<c10::impl::GenericDict> sharded_state =
       checkpoint.sharded_optimizer() ? checkpoint.sharded_optimizer()->gather(*checkpoint.model())
                                      : std::nullopt;
+  // Note [Sharded models in checkpoints]: gathered on rank 0 too, with every rank.
+  std::optional<c10::Dict<std::string, at::Tensor>> full_model;
+  if (model_is_sharded(*checkpoint.model())) {
+    full_model = full_state_dict(*checkpoint.model());
+    if (checkpoint.optimizer() != nullptr && !checkpoint.sharded_optimizer()) {
+      sharded_state = gather_optimizer_state(*checkpoint.optimizer(), *checkpoint.model());
+    }
+  }
   const std::vector<std::string> parts = group.all_gather(rank_part(checkpoint));
   std::string error;
   if (group.rank == 0) {
     try {
-      const std::vector<char> bytes = build_file(checkpoint, group, parts, sharded_state);
+      const std::vector<char> bytes =
+          build_file(checkpoint, group, parts, sharded_state, full_model);
       if (before) before();
       write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
       if (after) after();
@@ -312,12 +323,17 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
 
   // Note [Validate, then apply]
   std::vector<Apply> steps;
-  steps.push_back(
-      prepare_model_load(*checkpoint.model(),
-                         tensor_dict(get(top, "model", "the file", where), "'model'", where),
-                         where));
+  // Note [Sharded models in checkpoints]: this rank's rows of the full tensors.
+  const bool sharded = model_is_sharded(*checkpoint.model());
+  c10::Dict<std::string, at::Tensor> model_state =
+      tensor_dict(get(top, "model", "the file", where), "'model'", where);
+  if (sharded) model_state = shard_model_state(*checkpoint.model(), model_state);
+  steps.push_back(prepare_model_load(*checkpoint.model(), model_state, where));
   if (checkpoint.optimizer() != nullptr) {
-    const c10::IValue saved = get(top, "optimizer", "the file", where);
+    c10::IValue saved = get(top, "optimizer", "the file", where);
+    if (sharded && !checkpoint.sharded_optimizer()) {
+      saved = shard_optimizer_state(*checkpoint.optimizer(), saved);
+    }
     steps.push_back(
         checkpoint.sharded_optimizer()
             ? checkpoint.sharded_optimizer()->prepare_load(*checkpoint.model(), saved, where)

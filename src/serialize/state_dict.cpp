@@ -133,6 +133,13 @@ c10::Dict<std::string, at::Tensor> read_state_dict(const std::string& path) {
   return detail::tensor_dict(value, "the state dict", where);
 }
 
+void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> cpu;
+  for (const auto& kv : state) cpu.insert(kv.key(), kv.value().detach().cpu());
+  const std::vector<char> bytes = detail::pickle(c10::IValue(cpu));
+  detail::write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
+}
+
 void save_model_state_dict(const torch::nn::Module& model, const std::string& path) {
   const std::vector<char> bytes = detail::pickle(c10::IValue(detail::cpu_state_dict(model)));
   detail::write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));

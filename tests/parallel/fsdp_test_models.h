@@ -24,7 +24,8 @@ struct BlockImpl : torch::nn::Module {
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
         // No bias: the key's bias has a zero gradient in exact arithmetic (softmax does not
         // see a shift), so Adam would amplify the rounding noise of its gradient.
-        qkv(register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(kDim, 3 * kDim).bias(false)))),
+        qkv(register_module("qkv", torch::nn::Linear(
+                                       torch::nn::LinearOptions(kDim, 3 * kDim).bias(false)))),
         proj(register_module("proj", torch::nn::Linear(kDim, kDim))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
         fc(register_module("fc", torch::nn::Linear(kDim, 4 * kDim))),
@@ -54,7 +55,7 @@ struct TinyGptImpl : torch::nn::Module {
       : wte(register_module("wte", torch::nn::Embedding(kVocab, kDim))),
         wpe(register_module("wpe", torch::nn::Embedding(kCtx, kDim))),
         blocks(register_module("blocks", torch::nn::Sequential(std::make_shared<BlockImpl>(),
-                                                                std::make_shared<BlockImpl>()))),
+                                                               std::make_shared<BlockImpl>()))),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))) {}
   at::Tensor forward(at::Tensor idx) {
     at::Tensor x = wte(idx) + wpe(at::arange(idx.size(1), at::kLong));

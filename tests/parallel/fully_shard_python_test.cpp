@@ -57,48 +57,52 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
   write_bytes(dir.file("y.bin"), y);
 
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/parallel/python/fsdp_peer.py " +
-          dir.path() + " " + std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
-          std::to_string(kSteps) + " 2>&1",
-      &output);
+  const int rc =
+      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                "/tests/parallel/python/fsdp_peer.py " + dir.path() + " " +
+                                std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
+                                std::to_string(kSteps) + " 2>&1",
+                            &output);
   if (rc == 3) GTEST_SKIP() << output;
   ASSERT_EQ(rc, 0) << output;
   const at::Tensor py = read_floats(dir.file("py.bin"), init.numel());
 
   at::Tensor cpp;
-  ddp_test::run_thread_groups(kWorld, [&](ddp::ProcessGroup& pg) {
-    auto model = std::make_shared<ddp_test::TinyGptImpl>();
-    {
-      at::NoGradGuard no_grad;
-      int64_t offset = 0;
-      for (auto& p : model->parameters()) {
-        p.copy_(init.slice(0, offset, offset + p.numel()).view_as(p));
-        offset += p.numel();
-      }
-    }
-    auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
-    for (size_t i = 0; i < model->blocks->size(); ++i) {
-      ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
-    }
-    auto fsdp = ddp::fully_shard(model, opts);
-    torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
-    const int r = pg.rank();
-    for (int s = 0; s < kSteps; ++s) {
-      at::Tensor xs = x[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
-      at::Tensor ys = y[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
-      at::Tensor out = fsdp(xs);
-      at::cross_entropy_loss(out.reshape({-1, ddp_test::kVocab}), ys.reshape({-1})).backward();
-      opt.step();
-      opt.zero_grad();
-    }
-    auto state = ddp::full_state_dict(*fsdp);
-    if (r == 0) {
-      std::vector<at::Tensor> params;
-      for (const auto& item : model->named_parameters()) params.push_back(state[item.key()]);
-      cpp = flat(params);
-    }
-  }, std::chrono::seconds(120));
+  ddp_test::run_thread_groups(
+      kWorld,
+      [&](ddp::ProcessGroup& pg) {
+        auto model = std::make_shared<ddp_test::TinyGptImpl>();
+        {
+          at::NoGradGuard no_grad;
+          int64_t offset = 0;
+          for (auto& p : model->parameters()) {
+            p.copy_(init.slice(0, offset, offset + p.numel()).view_as(p));
+            offset += p.numel();
+          }
+        }
+        auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
+        for (size_t i = 0; i < model->blocks->size(); ++i) {
+          ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
+        }
+        auto fsdp = ddp::fully_shard(model, opts);
+        torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
+        const int r = pg.rank();
+        for (int s = 0; s < kSteps; ++s) {
+          at::Tensor xs = x[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+          at::Tensor ys = y[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+          at::Tensor out = fsdp(xs);
+          at::cross_entropy_loss(out.reshape({-1, ddp_test::kVocab}), ys.reshape({-1})).backward();
+          opt.step();
+          opt.zero_grad();
+        }
+        auto state = ddp::full_state_dict(*fsdp);
+        if (r == 0) {
+          std::vector<at::Tensor> params;
+          for (const auto& item : model->named_parameters()) params.push_back(state.at(item.key()));
+          cpp = flat(params);
+        }
+      },
+      std::chrono::seconds(120));
 
   const double diff = (cpp - py).abs().max().item<double>();
   EXPECT_LE(diff, 1e-5) << "ddp::fully_shard and PyTorch's FSDP2 differ by up to " << diff

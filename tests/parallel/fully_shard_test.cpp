@@ -10,6 +10,7 @@
 #include "parallel/shard_unit.h"
 
 #include <ddp/parallel/fully_shard.h>
+#include <ddp/serialize/checkpoint.h>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
@@ -24,15 +25,15 @@
 
 namespace {
 
+using ddp_test::BlockImpl;
 using ddp_test::borrow;
 using ddp_test::error_of;
 using ddp_test::init_params;
-using ddp_test::options_for;
-using ddp_test::run_thread_groups;
-using ddp_test::BlockImpl;
-using ddp_test::TinyGptImpl;
 using ddp_test::kCtx;
 using ddp_test::kVocab;
+using ddp_test::options_for;
+using ddp_test::run_thread_groups;
+using ddp_test::TinyGptImpl;
 
 /// Sizes 7, 13, 5, 3: no multiple of 2 or 3 in sight.
 std::shared_ptr<torch::nn::SequentialImpl> make_mlp() {
@@ -91,26 +92,31 @@ at::Tensor loss_of(const Config& c, const at::Tensor& out, int step, int micro, 
 template <typename Root>
 auto shard_model(const std::shared_ptr<Root>& model, const Config& c, ddp::ProcessGroup& pg,
                  ddp::MixedPrecisionPolicy mp = ddp::MixedPrecisionPolicy()) {
-  auto opts = ddp::FullyShardOptions().process_group(borrow(pg)).reshard_after_forward(c.reshard).mp_policy(mp);
+  auto opts = ddp::FullyShardOptions()
+                  .process_group(borrow(pg))
+                  .reshard_after_forward(c.reshard)
+                  .mp_policy(mp);
   if constexpr (std::is_same<Root, TinyGptImpl>::value) {
     for (size_t i = 0; i < model->blocks->size(); ++i) {
       ddp::fully_shard(model->blocks->template ptr<BlockImpl>(i), opts);
     }
   } else {
-    for (size_t i : {0, 2, 4}) ddp::fully_shard(model->template ptr<torch::nn::LinearImpl>(i), opts);
+    for (size_t i : {0, 2, 4})
+      ddp::fully_shard(model->template ptr<torch::nn::LinearImpl>(i), opts);
   }
   return ddp::fully_shard(model, opts);
 }
 
-void expect_close(const torch::OrderedDict<std::string, at::Tensor>& got,
-                  const torch::nn::Module& want, double tol, const std::string& what) {
+void expect_close(const c10::Dict<std::string, at::Tensor>& got, const torch::nn::Module& want,
+                  double tol, const std::string& what) {
   const auto params = want.named_parameters();
   ASSERT_EQ(got.size(), params.size() + want.named_buffers().size()) << what;
   for (const auto& item : params) {
-    const at::Tensor* g = got.find(item.key());
-    ASSERT_NE(g, nullptr) << what << ": key " << item.key();
-    ASSERT_EQ(g->sizes(), item.value().sizes()) << what << ": " << item.key();
-    const double diff = ddp_test::max_diff(*g, item.value());
+    const auto found = got.find(item.key());
+    ASSERT_TRUE(found != got.end()) << what << ": key " << item.key();
+    const at::Tensor g = found->value();
+    ASSERT_EQ(g.sizes(), item.value().sizes()) << what << ": " << item.key();
+    const double diff = ddp_test::max_diff(g, item.value());
     EXPECT_LE(diff, tol) << what << ": " << item.key();
   }
 }
@@ -156,25 +162,29 @@ void train_pair(const Config& c, ddp::ProcessGroup& pg, const std::string& what)
     const auto full = ref->named_parameters()[item.key()];
     const int64_t rows = full.dim() == 0 ? 1 : full.size(0);
     const int64_t chunk = (rows + pg.size() - 1) / pg.size();
-    const int64_t mine = std::max<int64_t>(0, std::min(rows, (rank + 1) * chunk) - std::min(rows, rank * chunk));
+    const int64_t mine =
+        std::max<int64_t>(0, std::min(rows, (rank + 1) * chunk) - std::min(rows, rank * chunk));
     EXPECT_EQ(p.size(0), mine) << what << ": " << item.key();
   }
   const auto state = ddp::full_state_dict(*fsdp);
   if (rank == 0) {
     expect_close(state, *ref, 1e-5, what);
   } else {
-    EXPECT_TRUE(state.is_empty()) << what;
+    EXPECT_TRUE(state.empty()) << what;
   }
 }
 
 void run_config(const Config& c, const std::string& what) {
-  run_thread_groups(c.world, [&](ddp::ProcessGroup& pg) {
-    if (c.transformer) {
-      train_pair<TinyGptImpl>(c, pg, what);
-    } else {
-      train_pair<torch::nn::SequentialImpl>(c, pg, what);
-    }
-  }, std::chrono::seconds(120));
+  run_thread_groups(
+      c.world,
+      [&](ddp::ProcessGroup& pg) {
+        if (c.transformer) {
+          train_pair<TinyGptImpl>(c, pg, what);
+        } else {
+          train_pair<torch::nn::SequentialImpl>(c, pg, what);
+        }
+      },
+      std::chrono::seconds(120));
 }
 
 TEST(FullyShard, TransformerMatchesDdpAt2And3Ranks) {
@@ -287,7 +297,7 @@ TEST(FullyShard, Bf16ParamDtypeKeepsFp32ShardsAndMatchesAHandWrittenReference) {
 // Save the full state at 3 ranks, load it at 2 (from rank 0 alone) and at 1: the model
 // is the same, bit for bit; the keys are the unwrapped model's.
 TEST(FullyShard, FullStateDictLoadsAtAnotherWorldSize) {
-  torch::OrderedDict<std::string, at::Tensor> saved;
+  c10::Dict<std::string, at::Tensor> saved;
   Config c;
   c.steps = 3;
   run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
@@ -303,20 +313,21 @@ TEST(FullyShard, FullStateDictLoadsAtAnotherWorldSize) {
     if (pg.rank() == 0) saved = state;
   });
   auto plain = std::make_shared<TinyGptImpl>();
-  std::vector<std::string> keys;
-  for (const auto& item : plain->named_parameters()) keys.push_back(item.key());
-  ASSERT_EQ(saved.keys(), keys);
+  std::vector<std::string> keys, saved_keys;
+  for (const auto& item : ddp::model_state_dict(*plain)) keys.push_back(item.key());
+  for (const auto& item : saved) saved_keys.push_back(item.key());
+  ASSERT_EQ(saved_keys, keys);
 
   for (int world : {2, 1}) {
     run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
       auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
       auto fsdp = shard_model(model, c, pg);
-      const torch::OrderedDict<std::string, at::Tensor> empty;
+      const c10::Dict<std::string, at::Tensor> empty;
       ddp::load_full_state_dict(*fsdp, pg.rank() == 0 ? saved : empty, /*from_rank0=*/true);
       auto again = ddp::full_state_dict(*fsdp);
       if (pg.rank() == 0) {
         for (const auto& kv : saved) {
-          EXPECT_TRUE(ddp_test::same_bits(again[kv.key()], kv.value())) << kv.key();
+          EXPECT_TRUE(ddp_test::same_bits(again.at(kv.key()), kv.value())) << kv.key();
         }
       }
       // And it trains on from there.
@@ -365,7 +376,8 @@ TEST(FullyShard, EvalForwardFreesEveryUnitAndTrainingGoesOn) {
       at::Tensor eval_out = fsdp(x);
       EXPECT_TRUE(ddp_test::same_bits(eval_out, train_out.detach()));
     }
-    for (const auto& p : fsdp->parameters()) EXPECT_FALSE(ddp::detail::unit_of_param(p)->unsharded());
+    for (const auto& p : fsdp->parameters())
+      EXPECT_FALSE(ddp::detail::unit_of_param(p)->unsharded());
     // The first forward's backward still finds its parameters.
     loss_of(c, train_out, 0, 0, pg.rank()).backward();
     for (const auto& p : fsdp->parameters()) EXPECT_TRUE(p.grad().defined());

@@ -9,6 +9,7 @@
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/fully_shard.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/data/distributed_sampler.h>
 
@@ -77,6 +78,8 @@ struct XYDataset : torch::data::datasets::Dataset<XYDataset> {
 //   DDP_CKPT_KILL_STEP  after this step, on the first attempt (TORCHELASTIC_RESTART_COUNT
 //                       unset or 0), DDP_CKPT_KILL_RANK ("all" or a rank) kills itself
 //   DDP_CKPT_NO_RNG=1   resume without restoring RNG states (a control that must differ)
+//   DDP_CKPT_FSDP=1     the model under ddp::fully_shard instead of DDP (sharded before
+//                       loading: each rank cuts its rows out of the checkpoint)
 DDP_SCENARIO(ckpt_train) {
   torch::set_num_threads(1);
   ddp::ProcessGroupGuard guard(ddp::InitOptions().timeout(std::chrono::seconds(60)));
@@ -92,6 +95,9 @@ DDP_SCENARIO(ckpt_train) {
   auto loader =
       torch::data::make_data_loader(XYDataset().map(torch::data::transforms::Stack<>()), sampler,
                                     torch::data::DataLoaderOptions().batch_size(kBatch));
+  const bool fsdp = env_or("DDP_CKPT_FSDP", "0") == "1";
+  ddp::FullyShard<TinyImpl> unit(nullptr);
+  if (fsdp) unit = ddp::fully_shard(model.ptr());
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   const ddp::CheckpointOptions where =
@@ -112,13 +118,15 @@ DDP_SCENARIO(ckpt_train) {
 
   // Wraps after loading: DistributedDataParallel broadcasts rank 0's parameters and
   // buffers, then averages gradients in backward and broadcasts buffers before forward.
-  auto dmodel = ddp::DistributedDataParallel(model);
+  // (Sharded, the unit runs the model instead.)
+  auto dmodel = fsdp ? nullptr : ddp::DistributedDataParallel(model);
+  auto forward = [&](const at::Tensor& x) { return fsdp ? unit(x) : dmodel->forward(x); };
   int64_t steps_run = 0;
   for (int64_t epoch = start_epoch; epoch < kEpochs; ++epoch) {
     sampler.set_epoch(epoch);  // keeps a restored mid-epoch position
     for (auto& batch : *loader) {
       optimizer.zero_grad();
-      torch::mse_loss(dmodel->forward(batch.data), batch.target).backward();
+      torch::mse_loss(forward(batch.data), batch.target).backward();
       optimizer.step();
       ++step;
       ++steps_run;
@@ -131,7 +139,8 @@ DDP_SCENARIO(ckpt_train) {
       }
     }
   }
-  if (rank == 0) ddp::save_model_state_dict(*model, env_or("DDP_CKPT_OUT", ""));
+  const auto state = fsdp ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
+  if (rank == 0) ddp::save_state_dict(state, env_or("DDP_CKPT_OUT", ""));
   std::printf("rank %d finished: steps_run=%lld step=%lld\n", rank,
               static_cast<long long>(steps_run), static_cast<long long>(step));
   return 0;
@@ -170,8 +179,9 @@ DDP_SCENARIO(ckpt_save_loop) {
   }
 }
 
-ProcessOptions train_env(const std::string& dir, const std::string& out) {
+ProcessOptions train_env(const std::string& dir, const std::string& out, bool fsdp = false) {
   ProcessOptions o;
+  if (fsdp) o.env["DDP_CKPT_FSDP"] = "1";
   o.env["DDP_CKPT_DIR"] = dir;
   o.env["DDP_CKPT_OUT"] = out;
   o.timeout = std::chrono::seconds(120);
@@ -193,9 +203,9 @@ void expect_same_bits(const std::string& a, const std::string& b, bool expected 
 }
 
 // The uninterrupted reference: 2 ranks, 2 epochs.
-void run_reference(const TempDir& tmp) {
+void run_reference(const TempDir& tmp, bool fsdp = false) {
   const auto results =
-      run_processes(2, "ckpt_train", train_env(tmp.file("full"), tmp.file("full.pt")));
+      run_processes(2, "ckpt_train", train_env(tmp.file("full"), tmp.file("full.pt"), fsdp));
   ddp_test::expect_all_ok(results);
   for (const auto& r : results) {
     EXPECT_TRUE(contains(r.output, "finished: steps_run=12 step=12")) << r.output;
@@ -238,15 +248,20 @@ TEST(CheckpointMultiProcTest, KilledAndResumedRunEndsBitIdentical) {
   expect_same_bits(tmp.file("full.pt"), tmp.file("control.pt"), /*expected=*/false);
 }
 
-TEST(CheckpointMultiProcTest, DdprunRestartAfterKill9EndsBitIdentical) {
+class CheckpointRestartMultiProcTest : public ::testing::TestWithParam<bool> {};
+
+// GetParam(): the model under ddp::fully_shard (its checkpoints gathered from the shards,
+// each rank cutting its rows out again when it resumes) instead of DDP.
+TEST_P(CheckpointRestartMultiProcTest, DdprunRestartAfterKill9EndsBitIdentical) {
   const std::string ddprun = std::string(DDP_BINARY_DIR) + "/bin/ddprun";
   ASSERT_EQ(::access(ddprun.c_str(), X_OK), 0)
       << "ddprun is not built at " << ddprun
       << "; build it first (ninja ddprun in this build directory). This test does not skip.";
   TempDir tmp;
-  run_reference(tmp);
+  run_reference(tmp, GetParam());
 
   const std::string command =
+      std::string(GetParam() ? "DDP_CKPT_FSDP=1 " : "") +
       "DDP_TEST_SCENARIO=ckpt_train DDP_CKPT_DIR='" + tmp.file("run") + "' DDP_CKPT_OUT='" +
       tmp.file("restarted.pt") + "' DDP_CKPT_KILL_STEP=" + std::to_string(kKillStep) +
       " DDP_CKPT_KILL_RANK=1 OMP_NUM_THREADS=1 timeout -s KILL 150 '" + ddprun +
@@ -260,6 +275,11 @@ TEST(CheckpointMultiProcTest, DdprunRestartAfterKill9EndsBitIdentical) {
   EXPECT_TRUE(contains(output, "finished: steps_run=4 step=12")) << output;
   expect_same_bits(tmp.file("full.pt"), tmp.file("restarted.pt"));
 }
+
+INSTANTIATE_TEST_SUITE_P(DdpOrFullyShard, CheckpointRestartMultiProcTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("FullyShard") : std::string("Ddp");
+                         });
 
 // A crash at any moment of a save leaves the previous checkpoint or the new one, whole.
 TEST(CheckpointMultiProcTest, KillDuringSaveLeavesOldOrNewCheckpoint) {

@@ -44,7 +44,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
-#include <torch/ordered_dict.h>
+#include <ATen/core/Dict.h>
 
 #include <array>
 #include <cstddef>
@@ -150,8 +150,8 @@ struct ReplaceTensors<std::pair<A, B>> {
 template <typename... Ts>
 struct ReplaceTensors<std::tuple<Ts...>> {
   static void apply(std::tuple<Ts...>& x, const std::vector<at::Tensor>& v, size_t& i) {
-    std::apply([&](auto&... e) { (ReplaceTensors<std::decay_t<decltype(e)>>::apply(e, v, i), ...); },
-               x);
+    std::apply(
+        [&](auto&... e) { (ReplaceTensors<std::decay_t<decltype(e)>>::apply(e, v, i), ...); }, x);
   }
 };
 
@@ -242,8 +242,9 @@ class FullyShardImpl : public FullyShardBase {
   template <typename... Args>
   auto forward(Args&&... args) {
     using R = decltype(typed_->forward(std::forward<Args>(args)...));
-    return detail::fully_shard_forward<M, FullyShardImpl, R, Args&&...>(
-        *this, *typed_, std::forward<Args>(args)...);
+    return detail::fully_shard_forward<M, FullyShardImpl, R, Args&&...>(*this, *typed_,
+                                                                        std::forward<Args>(
+                                                                            args)...);
   }
   void shard_with(const FullyShardOptions& options) { this->shard(options, nullptr); }
 
@@ -268,7 +269,8 @@ class TypedUnit;
 /// M has one non-template forward: the unit's forward has the same signature.
 template <typename M>
 class FullyShardImpl<M, std::void_t<decltype(&M::forward)>>
-    : public detail::TypedUnit<M, typename detail::ForwardSignature<decltype(&M::forward)>::Arguments> {
+    : public detail::TypedUnit<
+          M, typename detail::ForwardSignature<decltype(&M::forward)>::Arguments> {
   using Base =
       detail::TypedUnit<M, typename detail::ForwardSignature<decltype(&M::forward)>::Arguments>;
 
@@ -286,7 +288,7 @@ class TypedUnit<M, std::tuple<Args...>> : public FullyShardBase {
   const std::shared_ptr<M>& module() const { return typed_; }
   Result forward(Args... args) {
     return fully_shard_forward<M, TypedUnit, Result, Args&&...>(*this, *typed_,
-                                                               std::forward<Args>(args)...);
+                                                                std::forward<Args>(args)...);
   }
   void shard_with(const FullyShardOptions& options) {
     auto self = std::static_pointer_cast<FullyShardImpl<M>>(this->shared_from_this());
@@ -310,8 +312,8 @@ template <typename M, typename R, typename Tuple, size_t... I>
 R call_with(M& module, Tuple&& args, const std::vector<at::Tensor>& tensors,
             std::index_sequence<I...>) {
   using Info = TensorArgs<std::tuple_element_t<I, std::decay_t<Tuple>>...>;
-  return module.forward(unit_argument<I>(std::get<I>(std::forward<Tuple>(args)), tensors,
-                                         Info::index_of(I))...);
+  return module.forward(
+      unit_argument<I>(std::get<I>(std::forward<Tuple>(args)), tensors, Info::index_of(I))...);
 }
 
 template <typename M, typename Self, typename R, typename... Args>
@@ -407,7 +409,8 @@ FullyShard<M> fully_shard(const std::shared_ptr<M>& module,
 template <typename M>
 FullyShard<M> fully_shard(const torch::nn::ModuleHolder<M>& module,
                           const FullyShardOptions& options = FullyShardOptions()) {
-  TORCH_CHECK(!module.is_empty(), "ddp::fully_shard got an empty module holder; construct it first.");
+  TORCH_CHECK(!module.is_empty(),
+              "ddp::fully_shard got an empty module holder; construct it first.");
   return fully_shard(module.ptr(), options);
 }
 template <typename M>
@@ -425,15 +428,16 @@ FullyShard<M> fully_shard(FullyShard<M>& unit,
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
                            double norm_type = 2.0);
 
-/// The unwrapped model's state dict (parameters full, keys as module->named_parameters()
-/// and buffers) on rank 0; empty on the other ranks (cpu_offload and rank0_only as in
-/// PyTorch's get_model_state_dict with full_state_dict). Collective.
-torch::OrderedDict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model);
+/// The unwrapped model's state dict on rank 0: its keys and order (as
+/// ddp::model_state_dict gives for the model before fully_shard), parameters full, on the
+/// CPU; empty on the other ranks (PyTorch's get_model_state_dict with
+/// full_state_dict=True, cpu_offload=True). Collective. Save it with
+/// ddp::save_state_dict for Python's torch.load.
+c10::Dict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model);
 /// Loads a full state dict (present on every rank, or on rank 0 only with
 /// `from_rank0`: then broadcast) into a sharded model: each rank keeps its rows.
 /// Collective. Names the missing, unexpected or misshapen key.
-void load_full_state_dict(torch::nn::Module& model,
-                          const torch::OrderedDict<std::string, at::Tensor>& state,
+void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state,
                           bool from_rank0 = false);
 
 }  // namespace ddp

@@ -19,7 +19,9 @@
 //
 // File layout (a dict; torch.load(path) in Python returns it):
 //   "format": "ddp-cpp checkpoint", "version": 1, "epoch", "step", "world_size"
-//   "model":     state dict, keys and order as Python's module.state_dict()
+//   "model":     state dict, keys and order as Python's module.state_dict(); for a model
+//                under ddp::fully_shard the full parameters (gathered from the shards;
+//                loading cuts each rank's rows out again, at any world size)
 //   "optimizer": Python's optimizer.state_dict() layout ("state" keyed by parameter
 //                index, "param_groups" with hyperparameters and "params"), plus "type"
 //                and "param_names" (index -> model key); SGD, Adam and AdamW
@@ -212,5 +214,9 @@ c10::Dict<std::string, at::Tensor> read_state_dict(const std::string& path);
 
 /// Writes model_state_dict(model) atomically, for torch.load in Python.
 void save_model_state_dict(const torch::nn::Module& model, const std::string& path);
+
+/// Writes a state dict (e.g. ddp::full_state_dict of a sharded model) atomically, for
+/// torch.load(path, weights_only=True) in Python; tensors are written from the CPU.
+void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path);
 
 }  // namespace ddp

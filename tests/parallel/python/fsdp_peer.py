@@ -113,8 +113,9 @@ def main():
     d, world, per_rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
-        print(f"PyTorch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2)")
+    except Exception as e:  # ImportError, or an older torch failing inside the package
+        print(f"PyTorch {torch.__version__} has no torch.distributed.fsdp.fully_shard "
+              f"(FSDP2): {type(e).__name__}: {e}")
         sys.exit(3)
     mp.start_processes(worker, args=(d, world, per_rank, steps), nprocs=world,
                        start_method="spawn")

@@ -1,0 +1,195 @@
+// Checkpoints of a model under ddp::fully_shard (Note [Sharded models in checkpoints]):
+// saved at 3 ranks, loaded at 2 and at 1, the parameters and the optimizer state are
+// bit-identical to what was saved; and the file is the unsharded model's, which plain
+// PyTorch loads.
+
+#include "parallel/fsdp_test_models.h"
+#include "serialize/pickle_io.h"
+#include "support/harness.h"
+#include "support/util.h"
+
+#include <ddp/parallel/fully_shard.h>
+#include <ddp/serialize/checkpoint.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace {
+
+using ddp_test::TinyGptImpl;
+
+struct Sharded {
+  std::shared_ptr<TinyGptImpl> model;
+  ddp::FullyShard<TinyGptImpl> unit{nullptr};
+  std::unique_ptr<torch::optim::Adam> opt;
+};
+
+Sharded make_sharded(ddp::ProcessGroup& pg, uint64_t seed) {
+  Sharded s;
+  s.model = std::make_shared<TinyGptImpl>();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : s.model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  }
+  auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
+  for (size_t i = 0; i < s.model->blocks->size(); ++i) {
+    ddp::fully_shard(s.model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
+  }
+  s.unit = ddp::fully_shard(s.model, opts);
+  s.opt = std::make_unique<torch::optim::Adam>(s.unit->parameters(), torch::optim::AdamOptions(1e-2));
+  return s;
+}
+
+void train(Sharded& s, int rank, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + rank);
+    at::Tensor x = at::randint(ddp_test::kVocab, {2, ddp_test::kCtx}, gen, at::kLong);
+    at::Tensor y = at::randint(ddp_test::kVocab, {2 * ddp_test::kCtx}, gen, at::kLong);
+    at::cross_entropy_loss(s.unit(x).reshape({-1, ddp_test::kVocab}), y).backward();
+    s.opt->step();
+    s.opt->zero_grad();
+  }
+}
+
+ddp::Checkpoint checkpoint_of(Sharded& s, ddp::ProcessGroup& pg) {
+  return ddp::Checkpoint(*s.model).optimizer(s.opt.get()).rng(false).process_group(
+      ddp_test::borrow(pg));
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// Whether two unpickled values are the same, tensors bit for bit; `path` names the
+/// first difference.
+bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& path,
+                std::string* diff) {
+  auto differ = [&](const std::string& what) {
+    *diff = path + ": " + what;
+    return false;
+  };
+  if (a.isTensor() && b.isTensor()) {
+    return ddp_test::same_bits(a.toTensor(), b.toTensor()) ? true : differ("tensors differ");
+  }
+  if (a.isGenericDict() && b.isGenericDict()) {
+    const auto da = a.toGenericDict(), db = b.toGenericDict();
+    if (da.size() != db.size()) return differ("sizes differ");
+    for (const auto& e : da) {
+      const auto it = db.find(e.key());
+      if (it == db.end()) return differ("key missing");
+      const std::string key = e.key().isString() ? e.key().toStringRef()
+                                                 : std::to_string(e.key().toInt());
+      if (!same_value(e.value(), it->value(), path + "." + key, diff)) return false;
+    }
+    return true;
+  }
+  if (a.isList() && b.isList()) {
+    const auto la = a.toList(), lb = b.toList();
+    if (la.size() != lb.size()) return differ("lengths differ");
+    for (size_t i = 0; i < la.size(); ++i) {
+      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff)) return false;
+    }
+    return true;
+  }
+  std::ostringstream sa, sb;
+  sa << a;
+  sb << b;
+  return sa.str() == sb.str() ? true : differ(sa.str() + " vs " + sb.str());
+}
+
+void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  const c10::IValue va = ddp::detail::unpickle(read_all(a), "a");
+  const c10::IValue vb = ddp::detail::unpickle(read_all(b), "b");
+  for (const char* key : {"model", "optimizer"}) {
+    std::string diff;
+    EXPECT_TRUE(same_value(va.toGenericDict().at(key), vb.toGenericDict().at(key), key, &diff))
+        << a << " vs " << b << ": " << diff;
+  }
+}
+
+TEST(FullyShardCheckpoint, SavedAtThreeRanksLoadsAtTwoAndOneBitIdentical) {
+  ddp_test::TempDir dir;
+  const std::string saved = dir.file("at3.pt");
+  c10::Dict<std::string, at::Tensor> full;
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 5);
+    train(s, pg.rank(), 3);
+    ddp::save_checkpoint(saved, checkpoint_of(s, pg).step(3));
+    auto state = ddp::full_state_dict(*s.model);
+    if (pg.rank() == 0) full = state;
+  });
+  // The file's model is the full one.
+  const auto model_in_file = ddp::read_state_dict(saved);
+  ASSERT_EQ(model_in_file.size(), full.size());
+  for (const auto& kv : full) {
+    EXPECT_TRUE(ddp_test::same_bits(model_in_file.at(kv.key()), kv.value())) << kv.key();
+  }
+
+  for (int world : {2, 1}) {
+    const std::string again = dir.file("at" + std::to_string(world) + ".pt");
+    ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+      Sharded s = make_sharded(pg, 6);  // other weights: the load must replace them all
+      train(s, pg.rank(), 1);           // and an optimizer state to overwrite
+      auto ckpt = checkpoint_of(s, pg);
+      ddp::load_checkpoint(saved, ckpt);
+      EXPECT_EQ(ckpt.step(), 3);
+      ddp::save_checkpoint(again, ckpt);
+      // Training goes on from the loaded state.
+      train(s, pg.rank(), 1);
+    });
+    expect_same_checkpoint(saved, again);
+  }
+  // And back from 1 rank to 3: each rank's rows again.
+  const std::string back = dir.file("back-at3.pt");
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 7);
+    auto ckpt = checkpoint_of(s, pg);
+    ddp::load_checkpoint(dir.file("at1.pt"), ckpt);
+    ddp::save_checkpoint(back, ckpt);
+  });
+  expect_same_checkpoint(saved, back);
+}
+
+// The full state dict and the checkpoint load into a plain PyTorch module
+// (torch.load(weights_only=True), load_state_dict with strict keys and shapes).
+TEST(FullyShardCheckpointPython, FullStateDictAndCheckpointLoadInTorch) {
+  ddp_test::TempDir dir;
+  at::Tensor expected;
+  ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 8);
+    train(s, pg.rank(), 2);
+    ddp::save_checkpoint(dir.file("ckpt.pt"), checkpoint_of(s, pg));
+    auto state = ddp::full_state_dict(*s.model);
+    if (pg.rank() == 0) {
+      ddp::save_state_dict(state, dir.file("state.pt"));
+      std::vector<at::Tensor> parts;
+      for (const auto& item : s.model->named_parameters()) {
+        parts.push_back(state.at(item.key()).reshape({-1}));
+      }
+      expected = at::cat(parts);
+    }
+  });
+  std::string output;
+  const int rc = ddp_test::run_command(
+      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/parallel/python/fsdp_load.py " +
+          dir.file("state.pt") + " " + dir.file("ckpt.pt") + " " + dir.file("py") + " 2>&1",
+      &output);
+  ASSERT_EQ(rc, 0) << output;
+  for (const char* which : {"state", "ckpt"}) {
+    at::Tensor got = at::empty({expected.numel()}, at::kFloat);
+    std::ifstream f(dir.file(std::string("py.") + which + ".bin"), std::ios::binary);
+    f.read(static_cast<char*>(got.data_ptr()), got.numel() * sizeof(float));
+    ASSERT_EQ(f.gcount(), static_cast<std::streamsize>(got.numel() * sizeof(float))) << which;
+    EXPECT_TRUE(ddp_test::same_bits(got, expected)) << which;
+  }
+}
+
+}  // namespace

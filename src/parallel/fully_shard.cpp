@@ -25,6 +25,7 @@
 #include <ddp/errors.h>
 
 #include "distributed/common/check.h"
+#include "parallel/join_context.h"
 #include "parallel/shard_unit.h"
 
 #include <ATen/core/grad_mode.h>
@@ -249,6 +250,13 @@ at::Tensor cast_floating(const at::Tensor& t, at::ScalarType dtype) {
 // ---- the schedule's entry points (called by FullyShardImpl::forward) ----------------
 
 std::vector<at::Tensor> unit_pre_forward(ShardUnit& u, std::vector<at::Tensor> inputs) {
+  DDP_CHECK(join_body_depth() == 0, "ddp::fully_shard(", u.name(),
+            "): a sharded model cannot "
+            "train inside ddp::join (Note [No fully_shard inside join]): a rank that ran out "
+            "of inputs cannot stand in for its rows in the others' all-gathers and "
+            "reduce-scatters. Give every rank the same number of batches (a "
+            "DistributedSampler with drop_last, or a fixed number of steps), and leave the "
+            "sharded model out of join.");
   if (!u.schedule.root) lazy_init_root(u);
   RootStep& st = step_of(u);
   const bool grad = at::GradMode::is_enabled();

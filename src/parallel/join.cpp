@@ -79,6 +79,13 @@ int JoinContext::final_source(bool last_joiner) {
 
 }  // namespace detail
 
+namespace detail {
+int& join_body_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+}  // namespace detail
+
 void join(const std::vector<Joinable*>& participants, const std::function<void()>& body,
           const JoinOptions& options) {
   DDP_CHECK(!participants.empty(), "ddp::join needs at least one participant (a "
@@ -112,7 +119,14 @@ void join(const std::vector<Joinable*>& participants, const std::function<void()
     participants[entered]->join_enter(context, /*notifier=*/entered == 0);
   }
 
-  body();
+  {
+    // Note [No fully_shard inside join]: fully_shard's units ask whether they run here.
+    struct InBody {
+      InBody() { ++detail::join_body_depth(); }
+      ~InBody() { --detail::join_body_depth(); }
+    } in_body;
+    body();
+  }
 
   // This rank is out of inputs: shadow the others until nobody trains.
   bool last_joiner = true;

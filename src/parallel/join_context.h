@@ -49,5 +49,15 @@ class JoinContext {
   int64_t rounds_ = 0;
 };
 
+/// How many ddp::join bodies this thread is inside.
+///
+/// Note [No fully_shard inside join]
+/// A rank out of inputs shadows the others' collectives for DDP (an all-reduce of
+/// zeros). A sharded model's step needs the rank's own rows in every all-gather and its
+/// own reduce-scatter, which a rank that stopped training cannot stand in for; FSDP2
+/// has no Join either. So a unit's forward inside a join body is refused, on every rank
+/// alike, before any collective.
+int& join_body_depth();
+
 }  // namespace detail
 }  // namespace ddp

@@ -6,6 +6,7 @@
 #include "distributed/common/check.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/strides.h>
 
@@ -41,6 +42,9 @@ void allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
   if (s->nbytes() == bytes) return;
+  // A device's allocator allocates on the current device: make it the tensor's (a
+  // process may drive its GPU without making it current).
+  c10::DeviceGuard guard(t.device());
   s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
   s->set_nbytes(bytes);
 }

@@ -27,7 +27,8 @@ const ShardedParam* sharded_param(const at::Tensor& t, ShardUnit** unit_out = nu
 at::Tensor gather_rows(ShardUnit& unit, const ShardedParam& p, const at::Tensor& rows) {
   ProcessGroup& pg = unit.group();
   at::Tensor padded = at::zeros({p.chunk_rows, p.row_numel}, rows.options());
-  if (p.local_rows > 0) padded.narrow(0, 0, p.local_rows).copy_(rows.reshape({p.local_rows, p.row_numel}));
+  if (p.local_rows > 0)
+    padded.narrow(0, 0, p.local_rows).copy_(rows.reshape({p.local_rows, p.row_numel}));
   at::Tensor out = at::empty({pg.size() * p.chunk_rows, p.row_numel}, padded.options());
   pg.all_gather_into_tensor(out, padded);
   return out.narrow(0, 0, p.rows).reshape(p.sizes).contiguous();
@@ -80,8 +81,8 @@ c10::impl::GenericDict gather_optimizer_state(const torch::optim::Optimizer& opt
   return out;
 }
 
-c10::Dict<std::string, at::Tensor> shard_model_state(const torch::nn::Module& model,
-                                                     const c10::Dict<std::string, at::Tensor>& state) {
+c10::Dict<std::string, at::Tensor> shard_model_state(
+    const torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state) {
   c10::Dict<std::string, at::Tensor> out;
   std::unordered_map<std::string, std::pair<ShardUnit*, const ShardedParam*>> sharded;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {

@@ -36,8 +36,8 @@ c10::impl::GenericDict gather_optimizer_state(const torch::optim::Optimizer& opt
 
 /// `state` (full tensors, from a file) with each sharded parameter's entry cut to this
 /// rank's rows. Keys that name no sharded parameter are kept as they are.
-c10::Dict<std::string, at::Tensor> shard_model_state(const torch::nn::Module& model,
-                                                     const c10::Dict<std::string, at::Tensor>& state);
+c10::Dict<std::string, at::Tensor> shard_model_state(
+    const torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state);
 
 /// A saved optimizer state (full shapes) with each sharded parameter's state tensors cut
 /// to this rank's rows.

@@ -20,6 +20,9 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
+#include <ddp/amp/grad_scaler.h>
+
+#include <limits>
 
 #include <cmath>
 
@@ -384,6 +387,41 @@ TEST(FullyShard, EvalForwardFreesEveryUnitAndTrainingGoesOn) {
   });
 }
 
+// Sharded gradients differ from rank to rank, so an overflow may sit in one rank's rows
+// only. With GradScalerOptions::process_group every rank skips that step; without it
+// (the control) the ranks would part ways.
+TEST(FullyShard, GradScalerSkipsTheSameStepsOnEveryRank) {
+  for (bool shared_flag : {true, false}) {
+    run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+      Config c;
+      c.transformer = false;
+      auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(make_model(c));
+      auto fsdp = shard_model(model, c, pg);
+      torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
+      ddp::amp::GradScaler scaler(
+          ddp::amp::GradScalerOptions().process_group(shared_flag ? borrow(pg) : nullptr));
+      at::Tensor x = batch_input(c, 0, 0, pg.rank());
+      scaler.scale(loss_of(c, fsdp(x), 0, 0, pg.rank())).backward();
+      // An overflow in rank 0's rows of the first layer's weight only.
+      if (pg.rank() == 0) {
+        at::NoGradGuard no_grad;
+        model->named_parameters()["0.weight"].mutable_grad()[0][0] =
+            std::numeric_limits<float>::infinity();
+      }
+      std::vector<at::Tensor> before;
+      for (const auto& p : fsdp->parameters()) before.push_back(p.detach().clone());
+      scaler.step(opt);
+      scaler.update();
+      bool changed = false;
+      const auto after = fsdp->parameters();
+      for (size_t i = 0; i < after.size(); ++i) changed |= !at::equal(after[i], before[i]);
+      const bool expect_skip = shared_flag || pg.rank() == 0;
+      EXPECT_EQ(changed, !expect_skip) << "rank " << pg.rank() << ", shared flag " << shared_flag;
+      EXPECT_EQ(scaler.get_scale(), expect_skip ? 32768.0 : 65536.0) << "rank " << pg.rank();
+    });
+  }
+}
+
 // ---- errors ----------------------------------------------------------------------
 
 TEST(FullyShard, ErrorsNameTheModule) {
@@ -444,6 +482,18 @@ TEST(FullyShard, ErrorsNameTheModule) {
       auto dmodel = ddp::DistributedDataParallel(other, options_for(pg));
       EXPECT_ERROR_HAS(error_of([&] { ddp::fully_shard(other, opts); }),
                        "belongs to a DistributedDataParallel");
+    }
+    // Inside ddp::join, whose shadowing cannot stand in for a rank's rows.
+    {
+      Config c;
+      auto model = std::dynamic_pointer_cast<TinyGptImpl>(make_model(c));
+      auto fsdp = shard_model(model, c, pg);
+      auto other = std::make_shared<torch::nn::LinearImpl>(4, 3);
+      init_params(*other, 9);
+      auto dmodel = ddp::DistributedDataParallel(other, options_for(pg));
+      const std::string e =
+          error_of([&] { dmodel->join([&] { fsdp(batch_input(c, 0, 0, pg.rank())); }); });
+      EXPECT_ERROR_HAS(e, "cannot train inside ddp::join");
     }
     // Two forwards before a backward.
     {

@@ -41,7 +41,8 @@ Sharded make_sharded(ddp::ProcessGroup& pg, uint64_t seed) {
     ddp::fully_shard(s.model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
   }
   s.unit = ddp::fully_shard(s.model, opts);
-  s.opt = std::make_unique<torch::optim::Adam>(s.unit->parameters(), torch::optim::AdamOptions(1e-2));
+  s.opt =
+      std::make_unique<torch::optim::Adam>(s.unit->parameters(), torch::optim::AdamOptions(1e-2));
   return s;
 }
 
@@ -57,8 +58,10 @@ void train(Sharded& s, int rank, int steps) {
 }
 
 ddp::Checkpoint checkpoint_of(Sharded& s, ddp::ProcessGroup& pg) {
-  return ddp::Checkpoint(*s.model).optimizer(s.opt.get()).rng(false).process_group(
-      ddp_test::borrow(pg));
+  return ddp::Checkpoint(*s.model)
+      .optimizer(s.opt.get())
+      .rng(false)
+      .process_group(ddp_test::borrow(pg));
 }
 
 std::string read_all(const std::string& path) {
@@ -85,8 +88,8 @@ bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& p
     for (const auto& e : da) {
       const auto it = db.find(e.key());
       if (it == db.end()) return differ("key missing");
-      const std::string key = e.key().isString() ? e.key().toStringRef()
-                                                 : std::to_string(e.key().toInt());
+      const std::string key =
+          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
       if (!same_value(e.value(), it->value(), path + "." + key, diff)) return false;
     }
     return true;
@@ -95,7 +98,8 @@ bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& p
     const auto la = a.toList(), lb = b.toList();
     if (la.size() != lb.size()) return differ("lengths differ");
     for (size_t i = 0; i < la.size(); ++i) {
-      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff)) return false;
+      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff))
+        return false;
     }
     return true;
   }
@@ -178,10 +182,11 @@ TEST(FullyShardCheckpointPython, FullStateDictAndCheckpointLoadInTorch) {
     }
   });
   std::string output;
-  const int rc = ddp_test::run_command(
-      std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR + "/tests/parallel/python/fsdp_load.py " +
-          dir.file("state.pt") + " " + dir.file("ckpt.pt") + " " + dir.file("py") + " 2>&1",
-      &output);
+  const int rc =
+      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                "/tests/parallel/python/fsdp_load.py " + dir.file("state.pt") +
+                                " " + dir.file("ckpt.pt") + " " + dir.file("py") + " 2>&1",
+                            &output);
   ASSERT_EQ(rc, 0) << output;
   for (const char* which : {"state", "ckpt"}) {
     at::Tensor got = at::empty({expected.numel()}, at::kFloat);

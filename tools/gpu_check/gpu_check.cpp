@@ -8,7 +8,8 @@
 //                    ZeRO, barriers and Join all go through the backend; and DDP's
 //                    per-step overhead over plain training (median of interleaved steps).
 //   --suite ranks    N ranks: gradients against one process on the whole batch, then
-//                    SyncBatchNorm and mixed precision with the GradScaler the same way.
+//                    fully_shard, SyncBatchNorm and mixed precision with the GradScaler
+//                    the same way.
 //   --suite stream   one rank, forward and backward on a side CUDA stream.
 //
 // The device is the group's (cuda:<local rank> under nccl, the stand-in device under
@@ -446,6 +447,54 @@ void ranks_suite(Cases& cases, const torch::Device& device) {
     torch::nn::functional::cross_entropy(plain(xa), ya).backward();
     return verdict(worst_of_all(max_rel_diff(grads(*inner), grads(*plain))), 1e-5,
                    "gradients against one BatchNorm2d over the whole batch:");
+  });
+
+  // Each Linear a unit, the Sequential the root: 3 SGD steps against one process on the
+  // whole batch, the full parameters compared on rank 0.
+  cases.run("fully_shard", [&] {
+    auto make = [&] {
+      torch::nn::Sequential net(torch::nn::Linear(256, 512), torch::nn::ReLU(),
+                                torch::nn::Linear(512, 300), torch::nn::ReLU(),
+                                torch::nn::Linear(300, 10));
+      fill_weights(*net);
+      net->to(device);
+      return net;
+    };
+    auto plain = make();
+    auto inner = make();
+    for (size_t i : {0, 2, 4}) ddp::fully_shard(inner->ptr<torch::nn::LinearImpl>(i));
+    auto unit = ddp::fully_shard(inner.ptr());
+    // SGD: Adam would magnify the rounding of gradients that are nearly zero.
+    torch::optim::SGD sgd_plain(plain->parameters(), 0.1);
+    torch::optim::SGD sgd_fsdp(unit->parameters(), 0.1);
+    for (int s = 0; s < 3; ++s) {
+      auto [x, y] = batch(world * s + rank, 32);
+      torch::nn::functional::cross_entropy(unit(x.to(device)), y.to(device)).backward();
+      std::vector<torch::Tensor> xs, ys;
+      for (int r = 0; r < world; ++r) {
+        auto b = batch(world * s + r, 32);
+        xs.push_back(b.first);
+        ys.push_back(b.second);
+      }
+      torch::nn::functional::cross_entropy(plain->forward(torch::cat(xs).to(device)),
+                                           torch::cat(ys).to(device))
+          .backward();
+      sgd_fsdp.step();
+      sgd_plain.step();
+      sgd_fsdp.zero_grad();
+      sgd_plain.zero_grad();
+    }
+    const auto state = ddp::full_state_dict(*inner);
+    double diff = 0;
+    if (rank == 0) {
+      for (const auto& item : plain->named_parameters()) {
+        const auto a = state.at(item.key()).to(torch::kDouble);
+        const auto b = item.value().detach().cpu().to(torch::kDouble);
+        diff = std::max(diff, ((a - b).abs().max() / (b.abs().max() + 1e-12)).item<double>());
+      }
+    }
+    return verdict(worst_of_all(diff), 1e-5,
+                   std::to_string(world) + " ranks, 3 units, 3 SGD steps against one process:");
   });
 
   cases.run("mixed precision with the GradScaler", [&] {

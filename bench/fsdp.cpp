@@ -1,0 +1,161 @@
+// One training configuration of bench/run-fsdp: DDP, ZeRO-1 or fully_shard on a wide
+// block model (about 200 MB of fp32 parameters by default) with Adam, for the memory and
+// time tables of docs/fsdp.md. One mode per launch, so that the peak RSS is the mode's.
+//
+//   ddprun --nproc-per-node 2 --no-prefix -- bench_fsdp MODE [--backend B] [--dim D]
+//       [--blocks B] [--batch N] [--iters I] [--warmup W]
+//
+// MODE: ddp, zero or fsdp. Prints one line of JSON on rank 0: the median milliseconds
+// per iteration (forward, backward, optimizer step), the largest rank's peak RSS, its
+// parameter, gradient and optimizer-state bytes, and the largest unit's full bytes.
+
+#include <ddp/distributed/process_group.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/fully_shard.h>
+
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// A block: Linear(D, 4D), GELU, Linear(4D, D), with a residual connection.
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t dim)
+      : up(register_module("up", torch::nn::Linear(dim, 4 * dim))),
+        down(register_module("down", torch::nn::Linear(4 * dim, dim))) {}
+  at::Tensor forward(at::Tensor x) { return x + down(at::gelu(up(x))); }
+  torch::nn::Linear up, down;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t max_over_ranks(int64_t v) {
+  at::Tensor t = at::full({1}, v, at::kLong);
+  ddp::all_reduce(t, ddp::ReduceOp::MAX);
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"One configuration of the fully_shard benchmark (bench/run-fsdp)"};
+  std::string mode, backend;
+  int64_t dim = 1024, blocks = 6, batch = 16, iters = 6, warmup = 2;
+  app.add_option("mode", mode, "ddp, zero or fsdp")
+      ->required()
+      ->check(CLI::IsMember({"ddp", "zero", "fsdp"}));
+  app.add_option("--backend", backend, "gloo or shm; empty: the library's choice")
+      ->check(CLI::IsMember({"", "gloo", "shm", "nccl"}));
+  app.add_option("--dim", dim, "Block width D")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--blocks", blocks, "Blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "Rows per rank and iteration")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "Timed iterations")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "Untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ddp::ProcessGroupGuard group(ddp::InitOptions().backend(backend));
+    const int rank = ddp::get_rank();
+    torch::manual_seed(0);
+    auto model = torch::nn::Sequential();
+    for (int64_t i = 0; i < blocks; ++i) model->push_back(std::make_shared<BlockImpl>(dim));
+    int64_t unit_bytes = 0;
+    for (const auto& p : model->ptr<BlockImpl>(0)->parameters()) unit_bytes += bytes_of(p);
+
+    std::function<at::Tensor(const at::Tensor&)> forward;
+    std::shared_ptr<torch::nn::Module> wrapped;
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    ddp::ZeroRedundancyOptimizer* zero = nullptr;
+    if (mode == "fsdp") {
+      for (int64_t i = 0; i < blocks; ++i) ddp::fully_shard(model->ptr<BlockImpl>(i));
+      auto root = ddp::fully_shard(model.ptr());
+      wrapped = root.ptr();
+      forward = [root](const at::Tensor& x) mutable { return root(x); };
+    } else {
+      auto dmodel = ddp::DistributedDataParallel(model);
+      wrapped = dmodel.ptr();
+      forward = [dmodel](const at::Tensor& x) mutable { return dmodel->forward(x); };
+    }
+    if (mode == "zero") {
+      auto z = std::make_unique<ddp::ZeroRedundancyOptimizer>(model->parameters(),
+                                                              torch::optim::AdamOptions(1e-4));
+      zero = z.get();
+      opt = std::move(z);
+    } else {
+      opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-4));
+    }
+
+    std::vector<double> ms;
+    for (int64_t it = 0; it < warmup + iters; ++it) {
+      at::Tensor x = torch::randn({batch, dim});
+      const auto t0 = Clock::now();
+      forward(x).pow(2).mean().backward();
+      opt->step();
+      opt->zero_grad(/*set_to_none=*/false);  // the gradients' memory stays counted
+      const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (it >= warmup) ms.push_back(t);
+    }
+    // Gradients were zeroed, not freed, so they still count: what a step holds.
+    int64_t params = 0, grads = 0;
+    for (const auto& p : model->parameters()) {
+      params += bytes_of(p);
+      grads += bytes_of(p.grad());
+    }
+    const int64_t state = zero ? zero->local_state_bytes() : ddp::optimizer_state_bytes(*opt);
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    const int64_t rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+    std::vector<double> times = {median(ms)};
+    at::Tensor t = at::tensor(times, at::kDouble);
+    ddp::all_reduce(t, ddp::ReduceOp::MAX);
+    const int64_t max_rss = max_over_ranks(rss), max_params = max_over_ranks(params),
+                  max_grads = max_over_ranks(grads), max_state = max_over_ranks(state);
+    if (rank == 0) {
+      int64_t numel = 0;
+      for (const auto& p : model->parameters()) numel += p.numel();
+      std::printf(
+          "{\"mode\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"ms\": %.3f, "
+          "\"peak_rss\": %lld, \"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, "
+          "\"unit_bytes\": %lld}\n",
+          mode.c_str(), ddp::default_group()->backend().c_str(), ddp::get_world_size(),
+          t.item<double>(), static_cast<long long>(max_rss), static_cast<long long>(max_params),
+          static_cast<long long>(max_grads), static_cast<long long>(max_state),
+          static_cast<long long>(unit_bytes));
+      std::fflush(stdout);
+    }
+    ddp::destroy_process_group();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_fsdp: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -39,10 +39,18 @@ def main():
         for i, (name, backend, cmd) in enumerate(configs):
             env = dict(os.environ)
             full = [ddprun, "--nproc-per-node", "2", "--no-prefix", "--"] + cmd + size
-            out = subprocess.run(full, env=env, capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                sys.exit(f"{name} ({backend}) failed:\n{out.stdout}\n{out.stderr}")
-            line = [l for l in out.stdout.splitlines() if l.startswith("{")][-1]
+            # PyTorch 2.x's Gloo has been seen to abort a process at exit ("terminate
+            # called without an active exception") after it printed its result; such a
+            # run is repeated, up to twice.
+            for attempt in range(3):
+                out = subprocess.run(full, env=env, capture_output=True, text=True, timeout=900)
+                lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+                if out.returncode == 0 and lines:
+                    break
+                aborted = "terminate called without an active exception" in out.stdout + out.stderr
+                if not aborted or attempt == 2:
+                    sys.exit(f"{name} ({backend}) failed:\n{out.stdout}\n{out.stderr}")
+            line = lines[-1]
             results[i].append(json.loads(line))
             print(f"trial {t + 1}/{trials}  {name:22s} {backend:5s} {results[i][-1]['ms']:8.1f} ms",
                   flush=True)

@@ -162,6 +162,53 @@ TEST(FullyShardCheckpoint, SavedAtThreeRanksLoadsAtTwoAndOneBitIdentical) {
   expect_same_checkpoint(saved, back);
 }
 
+// One file per rank, nothing gathered: saved at 3 ranks, loaded at 2 and at 1 (sharded),
+// and into the plain model; each then saves the usual (gathered) checkpoint, which must
+// equal the one saved at 3 ranks bit for bit.
+TEST(FullyShardCheckpoint, ShardedFolderLoadsAtAnyWorldSizeBitIdentical) {
+  ddp_test::TempDir dir;
+  const std::string folder = dir.file("sharded");
+  const std::string gathered = dir.file("at3.pt");
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 11);
+    train(s, pg.rank(), 3);
+    ddp::save_sharded_checkpoint(folder, checkpoint_of(s, pg).step(3));
+    ddp::save_checkpoint(gathered, checkpoint_of(s, pg).step(3));
+  });
+  for (const char* name : {"shard-0-of-3.pt", "shard-1-of-3.pt", "shard-2-of-3.pt", "complete"}) {
+    EXPECT_TRUE(ddp_test::run_command("test -f '" + folder + "/" + name + "'") == 0) << name;
+  }
+  for (int world : {2, 1}) {
+    const std::string again = dir.file("from-sharded-at" + std::to_string(world) + ".pt");
+    ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+      Sharded s = make_sharded(pg, 12);
+      train(s, pg.rank(), 1);
+      auto ckpt = checkpoint_of(s, pg);
+      ddp::load_sharded_checkpoint(folder, ckpt);
+      EXPECT_EQ(ckpt.step(), 3);
+      ddp::save_checkpoint(again, ckpt);
+    });
+    expect_same_checkpoint(gathered, again);
+  }
+  // A plain model (no fully_shard) takes every row.
+  {
+    auto plain = std::make_shared<TinyGptImpl>();
+    ddp::Checkpoint ckpt(*plain);
+    ckpt.rng(false);
+    ddp::load_sharded_checkpoint(folder, ckpt);
+    const auto want = ddp::read_state_dict(gathered);
+    for (const auto& kv : ddp::model_state_dict(*plain)) {
+      EXPECT_TRUE(ddp_test::same_bits(kv.value(), want.at(kv.key()))) << kv.key();
+    }
+  }
+  // A folder whose save did not finish is refused.
+  ASSERT_EQ(ddp_test::run_command("rm '" + folder + "/complete'"), 0);
+  auto plain = std::make_shared<TinyGptImpl>();
+  ddp::Checkpoint ckpt(*plain);
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { ddp::load_sharded_checkpoint(folder, ckpt); }),
+                   "no 'complete' mark");
+}
+
 // The full state dict and the checkpoint load into a plain PyTorch module
 // (torch.load(weights_only=True), load_state_dict with strict keys and shapes).
 TEST(FullyShardCheckpointPython, FullStateDictAndCheckpointLoadInTorch) {

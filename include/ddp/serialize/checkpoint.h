@@ -194,6 +194,25 @@ std::optional<std::string> latest_checkpoint(const CheckpointOptions& options);
 std::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
                                                   Checkpoint& checkpoint);
 
+// ---- Sharded checkpoints: one file per rank -------------------------------------
+
+/// Saves `checkpoint` into folder `dir` as one file per rank, nothing gathered: each rank
+/// writes the model and optimizer state it holds (under ddp::fully_shard, its rows), its
+/// RNG state, and epoch, step and extra; rank 0 then marks the folder complete. For
+/// models whose full state does not fit one rank. Each file is a dict torch.load reads
+/// (docs/fsdp.md). Collective. The sampler, the grad scaler and a ZeroRedundancyOptimizer
+/// are refused (use save_checkpoint).
+///
+/// Example: ddp::save_sharded_checkpoint("runs/step-1000", ddp::Checkpoint(*model)
+///              .optimizer(&optimizer).step(1000));
+void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoint);
+
+/// Loads a folder written by save_sharded_checkpoint, at any world size and with any
+/// fully_shard units over the same parameters (or none): each rank puts together the rows
+/// it now holds from the saved ranks' files. Validated before anything changes, as
+/// load_checkpoint. Not collective.
+void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint);
+
 // ---- State dicts, interchangeable with Python's ----------------------------------
 
 /// The model's parameters and buffers, keyed and ordered as Python's

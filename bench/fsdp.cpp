@@ -76,7 +76,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Rows per rank and iteration")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--iters", iters, "Timed iterations")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "Timed iterations")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Untimed iterations first")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -111,7 +113,8 @@ int main(int argc, char** argv) {
       zero = z.get();
       opt = std::move(z);
     } else {
-      opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-4));
+      opt = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                 torch::optim::AdamOptions(1e-4));
     }
 
     std::vector<double> ms;
@@ -120,7 +123,11 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       forward(x).pow(2).mean().backward();
       opt->step();
-      opt->zero_grad(/*set_to_none=*/false);  // the gradients' memory stays counted
+      // Zeroed, not freed, so that the gradients' memory stays counted (and LibTorch
+      // 1.13's zero_grad() has no set_to_none).
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
       const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (it >= warmup) ms.push_back(t);
     }
@@ -142,14 +149,13 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       int64_t numel = 0;
       for (const auto& p : model->parameters()) numel += p.numel();
-      std::printf(
-          "{\"mode\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"ms\": %.3f, "
-          "\"peak_rss\": %lld, \"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, "
-          "\"unit_bytes\": %lld}\n",
-          mode.c_str(), ddp::default_group()->backend().c_str(), ddp::get_world_size(),
-          t.item<double>(), static_cast<long long>(max_rss), static_cast<long long>(max_params),
-          static_cast<long long>(max_grads), static_cast<long long>(max_state),
-          static_cast<long long>(unit_bytes));
+      std::printf("{\"mode\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"ms\": %.3f, "
+                  "\"peak_rss\": %lld, \"params\": %lld, \"grads\": %lld, \"optimizer\": %lld, "
+                  "\"unit_bytes\": %lld}\n",
+                  mode.c_str(), ddp::default_group()->backend().c_str(), ddp::get_world_size(),
+                  t.item<double>(), static_cast<long long>(max_rss),
+                  static_cast<long long>(max_params), static_cast<long long>(max_grads),
+                  static_cast<long long>(max_state), static_cast<long long>(unit_bytes));
       std::fflush(stdout);
     }
     ddp::destroy_process_group();

@@ -38,16 +38,57 @@ void free_storage(const at::Tensor& t) {
   s->set_nbytes(0);
 }
 
-void allocate_storage(const at::Tensor& t) {
+/// Points `t`'s storage at `data` (inside a block that outlives it: not owned).
+void attach_storage(const at::Tensor& t, void* data) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (s->nbytes() == bytes) return;
-  // A device's allocator allocates on the current device: make it the tensor's (a
-  // process may drive its GPU without making it current).
-  c10::DeviceGuard guard(t.device());
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_data_ptr_noswap(at::DataPtr(data, t.device()));
   s->set_nbytes(bytes);
 }
+
+constexpr int64_t kAlign = 64;
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Note [Reused buffers on the CPU]
+// Each step a unit needs an all-gather buffer, the full parameters and a reduce-scatter
+// buffer, each the size of the unit, and frees them again. On a GPU the caching
+// allocator hands the same blocks back. On a CPU these sizes are served by fresh
+// mappings, and the kernel zeroes every page on first touch: measured, a third of a
+// step's time. So on the CPU the blocks are kept, a few per size, and handed out again;
+// what is kept is bounded by a few units' size, FSDP2's own bound for what is unsharded
+// at once.
+class BufferPool {
+ public:
+  static BufferPool& instance() {
+    static BufferPool pool;
+    return pool;
+  }
+  /// `bytes` bytes (uint8) on `device`; contents undefined.
+  at::Tensor take(int64_t bytes, c10::Device device) {
+    if (device.is_cpu()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(bytes);
+      if (it != free_.end() && !it->second.empty()) {
+        at::Tensor block = std::move(it->second.back());
+        it->second.pop_back();
+        return block;
+      }
+    }
+    c10::DeviceGuard guard(device);  // allocators allocate on the current device
+    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  }
+  void give(at::Tensor block) {
+    if (!block.defined() || !block.device().is_cpu()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& list = free_[block.numel()];
+    if (list.size() < kKeep) list.push_back(std::move(block));
+  }
+
+ private:
+  static constexpr size_t kKeep = 4;
+  std::mutex mutex_;
+  std::unordered_map<int64_t, std::vector<at::Tensor>> free_;
+};
 
 /// A 64-bit FNV-1a over the tensor's bytes (in its dtype, on the CPU).
 uint64_t content_hash(const at::Tensor& t) {
@@ -119,7 +160,10 @@ ShardUnit::ShardUnit(std::string name, std::shared_ptr<ProcessGroup> pg, FullySh
 }
 
 ShardUnit::~ShardUnit() {
-  for (const ShardedParam& p : params_) unregister_param_owner(p.param);
+  for (const ShardedParam& p : params_) {
+    unregister_param_owner(p.param);
+    free_storage(p.full);  // it may point into full_block_, which goes now
+  }
 }
 
 at::ScalarType ShardUnit::param_dtype() const {
@@ -220,7 +264,10 @@ void ShardUnit::start_unshard() {
   at::NoGradGuard no_grad;
   const at::ScalarType pd = param_dtype();
   ag_.input = pd == flat_shard_.scalar_type() ? flat_shard_ : flat_shard_.to(pd);
-  ag_.output = at::empty({world_ * shard_numel_}, ag_.input.options());
+  ag_.block = BufferPool::instance().take(world_ * shard_numel_ *
+                                              static_cast<int64_t>(c10::elementSize(pd)),
+                                          flat_shard_.device());
+  ag_.output = ag_.block.view(pd);
   // An all-gather copies bytes: bfloat16 travels as bytes, which every backend carries
   // (Gloo in LibTorch 1.13 has no bfloat16, and no int16).
   if (pd == at::kBFloat16) {
@@ -244,8 +291,16 @@ void ShardUnit::finish_unshard() {
   ag_.pending = false;
   at::NoGradGuard no_grad;
   const at::Tensor rows_of_rank = ag_.output.view({world_, shard_numel_});
+  if (!full_block_.defined()) {
+    int64_t bytes = 0;
+    for (const ShardedParam& p : params_) bytes += aligned(p.full.numel() * p.full.element_size());
+    full_block_ = BufferPool::instance().take(bytes, flat_shard_.device());
+  }
+  auto* base = static_cast<char*>(full_block_.data_ptr());
+  int64_t offset = 0;
   for (ShardedParam& p : params_) {
-    allocate_storage(p.full);
+    attach_storage(p.full, base + offset);
+    offset += aligned(p.full.numel() * p.full.element_size());
     at::Tensor full2d = p.full.view({p.rows, p.row_numel});
     for (int r = 0; r < world_; ++r) {
       const int64_t n = p.rows_of(r);
@@ -257,6 +312,8 @@ void ShardUnit::finish_unshard() {
   }
   ag_.input = at::Tensor();
   ag_.output = at::Tensor();
+  BufferPool::instance().give(std::move(ag_.block));
+  ag_.block = at::Tensor();
   unsharded_ = true;
 }
 
@@ -266,12 +323,16 @@ void ShardUnit::reshard() {
     ag_.pending = false;
     ag_.input = at::Tensor();
     ag_.output = at::Tensor();
+    BufferPool::instance().give(std::move(ag_.block));
+    ag_.block = at::Tensor();
   }
   if (!unsharded_) return;
   for (ShardedParam& p : params_) {
     p.param.set_data(p.shard);
     free_storage(p.full);
   }
+  BufferPool::instance().give(std::move(full_block_));
+  full_block_ = at::Tensor();
   unsharded_ = false;
 }
 
@@ -406,6 +467,8 @@ void ShardUnit::finish_reduce() {
   }
   rs_.input = at::Tensor();
   rs_.output = at::Tensor();
+  BufferPool::instance().give(std::move(rs_.block));
+  rs_.block = at::Tensor();
 }
 
 }  // namespace detail

@@ -122,11 +122,14 @@ class ShardUnit {
     bool pending = false;
     Work work;
     at::Tensor input, output;
+    at::Tensor block;  // output's bytes (Note [Reused buffers on the CPU])
   } ag_;
+  at::Tensor full_block_;  // the full parameters' bytes while unsharded
   struct Reduce {
     bool pending = false;
     Work work;
     at::Tensor input, output;
+    at::Tensor block;              // input's bytes
     std::vector<size_t> reduced;   // indices into params_, in the buffer's order
     std::vector<int64_t> offsets;  // each one's offset in a rank's row
     int64_t width = 0;             // gradient elements per rank's row (then the flags)

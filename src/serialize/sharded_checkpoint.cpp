@@ -72,8 +72,9 @@ at::Tensor rows_from(const std::vector<at::Tensor>& parts, const std::vector<int
     const int64_t hi = std::min(first + n, firsts[s] + counts[s]);
     if (hi <= lo) continue;
     const int64_t row = parts[s].numel() / std::max<int64_t>(1, counts[s]);
-    out.reshape({n, row}).narrow(0, lo - first, hi - lo).copy_(
-        parts[s].reshape({counts[s], row}).narrow(0, lo - firsts[s], hi - lo));
+    out.reshape({n, row})
+        .narrow(0, lo - first, hi - lo)
+        .copy_(parts[s].reshape({counts[s], row}).narrow(0, lo - firsts[s], hi - lo));
     covered += hi - lo;
   }
   DDP_CHECK(covered == n, where, ": the saved shards of ", what, " cover ", covered, " of rows [",
@@ -101,7 +102,8 @@ void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoin
             "'): Checkpoint::model is null; expected the unwrapped model");
   DDP_CHECK(checkpoint.sampler() == nullptr && checkpoint.grad_scaler() == nullptr &&
                 !checkpoint.sharded_optimizer(),
-            "save_sharded_checkpoint('", dir, "'): a sharded checkpoint holds the model, the "
+            "save_sharded_checkpoint('", dir,
+            "'): a sharded checkpoint holds the model, the "
             "optimizer, the RNG states, epoch, step and extra; save the sampler, the grad "
             "scaler or a ZeroRedundancyOptimizer with ddp::save_checkpoint.");
   const CheckpointGroup group = checkpoint_group(checkpoint);
@@ -165,9 +167,11 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
             ": Checkpoint::model is null; expected the unwrapped model");
   DDP_CHECK(checkpoint.sampler() == nullptr && checkpoint.grad_scaler() == nullptr &&
                 !checkpoint.sharded_optimizer(),
-            where, ": a sharded checkpoint holds no sampler, grad scaler or "
+            where,
+            ": a sharded checkpoint holds no sampler, grad scaler or "
             "ZeroRedundancyOptimizer state; load those from a ddp::save_checkpoint file.");
-  DDP_CHECK(file_exists(dir + "/complete"), where, ": the folder has no 'complete' mark, so "
+  DDP_CHECK(file_exists(dir + "/complete"), where,
+            ": the folder has no 'complete' mark, so "
             "its save did not finish (or it is not a sharded checkpoint). Expected a folder "
             "written by ddp::save_sharded_checkpoint.");
   const std::string mark = read_file(dir + "/complete");
@@ -244,15 +248,16 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
     std::vector<at::Tensor> parts;
     for (const auto& m : models) parts.push_back(m.at(kv.key()));
     model_state.insert(kv.key(),
-                       rows_from(parts, firsts, counts, p.first_row(it->second.first->group().rank()),
-                                 p.local_rows, p.shard_sizes(p.local_rows), "'" + kv.key() + "'",
-                                 where));
+                       rows_from(parts, firsts, counts,
+                                 p.first_row(it->second.first->group().rank()), p.local_rows,
+                                 p.shard_sizes(p.local_rows), "'" + kv.key() + "'", where));
   }
   std::vector<Apply> steps;
   steps.push_back(prepare_model_load(*checkpoint.model(), model_state, where));
 
   if (checkpoint.optimizer() != nullptr) {
-    DDP_CHECK(first.contains("optimizer"), where, ": the checkpoint has no optimizer state; "
+    DDP_CHECK(first.contains("optimizer"), where,
+              ": the checkpoint has no optimizer state; "
               "load with Checkpoint::optimizer(nullptr) to skip it.");
     c10::impl::GenericDict opt = as_dict(first.at("optimizer"), "'optimizer'", where).copy();
     const auto names = get(opt, "param_names", "'optimizer'", where).toListRef();
@@ -276,20 +281,22 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
           const auto st = f.at("optimizer").toGenericDict().at("state").toGenericDict();
           parts.push_back(st.at(entry.key()).toGenericDict().at(kv.key()).toTensor());
         }
-        values.insert_or_assign(
-            kv.key(), rows_from(parts, firsts, counts, p.first_row(it->second.first->group().rank()),
-                                p.local_rows, p.shard_sizes(p.local_rows),
-                                "the optimizer state of '" + key + "'", where));
+        values.insert_or_assign(kv.key(), rows_from(parts, firsts, counts,
+                                                    p.first_row(it->second.first->group().rank()),
+                                                    p.local_rows, p.shard_sizes(p.local_rows),
+                                                    "the optimizer state of '" + key + "'", where));
       }
       state.insert_or_assign(entry.key(), values);
     }
     opt.insert_or_assign("state", state);
-    steps.push_back(prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(), opt, where));
+    steps.push_back(
+        prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(), opt, where));
   }
   if (checkpoint.rng()) {
     // This rank's state at the same world size; else rank r takes r % saved ranks.
     const auto& f = files[static_cast<size_t>(group.rank % saved_world)];
-    DDP_CHECK(f.contains("rng"), where, ": the checkpoint has no RNG states; load with "
+    DDP_CHECK(f.contains("rng"), where,
+              ": the checkpoint has no RNG states; load with "
               "Checkpoint::rng(false) to skip them.");
     steps.push_back(prepare_rng_load(f.at("rng"), "rng", where));
   }

@@ -5,6 +5,8 @@
 #include <ATen/core/jit_type.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <mutex>
+
 namespace ddp {
 namespace detail {
 namespace {
@@ -87,32 +89,53 @@ class FlatWork final : public PendingWork {
   at::Tensor output_;
 };
 
+// Note [After runs once]
+// `after` (a copy out of a temporary, say) runs once, whichever asks first: wait(), or
+// the callback of future() when the inner work completes (the flight recorder takes
+// every work's future). Both paths take the same lock, so wait() returns only once the
+// copy is done, and a late callback never repeats it over what the caller has written
+// since (it did: a reduce-scatter's result copied again over gradients zeroed after the
+// step).
 class ThenWork final : public PendingWork {
  public:
   ThenWork(std::shared_ptr<PendingWork> inner, std::function<void()> after,
            std::vector<at::Tensor> outputs)
-      : inner_(std::move(inner)), after_(std::move(after)), outputs_(std::move(outputs)) {}
+      : inner_(std::move(inner)),
+        once_(std::make_shared<Once>(std::move(after))),
+        outputs_(std::move(outputs)) {}
 
   void wait() override {
     inner_->wait();
-    if (after_) after_();
+    once_->run();
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> future() override {
-    std::function<void()> after = after_;
+    std::shared_ptr<Once> once = once_;
     std::vector<at::Tensor> outputs = outputs_;
     return inner_->future()->then(
-        [after, outputs](c10::ivalue::Future& done) -> c10::IValue {
+        [once, outputs](c10::ivalue::Future& done) -> c10::IValue {
           (void)done.value();  // rethrows inner's error: then nothing is copied
-          if (after) after();
+          once->run();
           return c10::IValue(outputs);
         },
         c10::ListType::create(c10::TensorType::get()));
   }
 
  private:
+  struct Once {
+    explicit Once(std::function<void()> f) : after(std::move(f)) {}
+    void run() {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (done) return;
+      done = true;
+      if (after) after();
+    }
+    std::mutex mutex;
+    bool done = false;
+    std::function<void()> after;
+  };
   std::shared_ptr<PendingWork> inner_;
-  std::function<void()> after_;
+  std::shared_ptr<Once> once_;
   std::vector<at::Tensor> outputs_;
 };
 

@@ -356,7 +356,9 @@ void ShardUnit::reduce_grads(bool sync) {
     ShardedParam& p = params_[i];
     if (!p.requires_grad) continue;
     at::Tensor g = p.param.grad();
-    if (g.defined() && g.sizes() != at::IntArrayRef(p.sizes)) g = at::Tensor();  // a shard's
+    if (g.defined() && g.sizes() != at::IntArrayRef(p.sizes)) {
+      g = at::Tensor();  // a shard's
+    }
     if (g.defined()) p.param.mutable_grad() = at::Tensor();
     if (!sync) {
       if (g.defined()) {

@@ -6,12 +6,15 @@
 
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"
+#include "distributed/work.h"
 
 #include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <tuple>
 
 namespace {
@@ -137,3 +140,37 @@ INSTANTIATE_TEST_SUITE_P(Worlds, FlatCollectivesTest,
                                   std::to_string(std::get<1>(info.param)) +
                                   (std::get<2>(info.param) ? "_fallback" : "_native");
                          });
+
+// Note [After runs once]: a work's follow-up copy runs once, whether wait() or a
+// callback on future() (as the flight recorder attaches) gets there first, and wait()
+// returns only after it. It used to run twice: a late second copy, from the callback on
+// the backend's thread, overwrote what the caller had written into the output since.
+TEST(ThenWorkTest, AfterRunsOnceWhicheverPathComesFirst) {
+  for (bool callback_first : {true, false}) {
+    auto future = ddp::detail::tensor_list_future();
+    auto inner = ddp::detail::future_work(future);
+    std::atomic<int> runs{0};
+    at::Tensor out = at::zeros({4});
+    auto work = ddp::detail::then_work(inner,
+                                       [&] {
+                                         runs++;
+                                         out.fill_(7);
+                                       },
+                                       {out});
+    auto chained = work->future();  // what the flight recorder does
+    if (callback_first) {
+      future->markCompleted(c10::IValue(std::vector<at::Tensor>{out}));
+      work->wait();
+    } else {
+      std::thread completer(
+          [&] { future->markCompleted(c10::IValue(std::vector<at::Tensor>{out})); });
+      work->wait();
+      completer.join();
+    }
+    EXPECT_EQ(out[0].item<float>(), 7.0f);
+    out.zero_();  // the caller's own write after wait()
+    chained->wait();
+    EXPECT_EQ(runs.load(), 1) << "callback first: " << callback_first;
+    EXPECT_EQ(out[0].item<float>(), 0.0f) << "a second copy overwrote the caller's write";
+  }
+}

@@ -153,9 +153,16 @@ void train_pair(const Config& c, ddp::ProcessGroup& pg, const std::string& what)
       EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, want)) << what << " step " << step;
     }
     ref_opt.step();
-    ref_opt.zero_grad();
     opt.step();
-    opt.zero_grad();
+    // Gradients zeroed in place (LibTorch 1.13's zero_grad does so; 2.x sets them to
+    // none): the next backward adds to them.
+    for (auto* o : {&ref_opt, &opt}) {
+      for (auto& group : o->param_groups()) {
+        for (auto& p : group.params()) {
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+      }
+    }
   }
   // At rest every sharded parameter is this rank's rows only.
   for (const auto& item : fsdp->named_parameters()) {

@@ -82,6 +82,7 @@ struct XYDataset : torch::data::datasets::Dataset<XYDataset> {
 //                       loading: each rank cuts its rows out of the checkpoint)
 DDP_SCENARIO(ckpt_train) {
   torch::set_num_threads(1);
+  const bool fsdp = env_or("DDP_CKPT_FSDP", "0") == "1";
   ddp::ProcessGroupGuard guard(ddp::InitOptions().timeout(std::chrono::seconds(60)));
   const int rank = ddp::get_rank();
   const int64_t kill_step = std::stoll(env_or("DDP_CKPT_KILL_STEP", "-1"));
@@ -95,7 +96,6 @@ DDP_SCENARIO(ckpt_train) {
   auto loader =
       torch::data::make_data_loader(XYDataset().map(torch::data::transforms::Stack<>()), sampler,
                                     torch::data::DataLoaderOptions().batch_size(kBatch));
-  const bool fsdp = env_or("DDP_CKPT_FSDP", "0") == "1";
   ddp::FullyShard<TinyImpl> unit(nullptr);
   if (fsdp) unit = ddp::fully_shard(model.ptr());
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

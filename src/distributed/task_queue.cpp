@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
+
 namespace ddp {
 namespace detail {
 
@@ -19,11 +21,18 @@ void TaskQueue::submit(Task task) {
   cv_.notify_one();
 }
 
+// A task completes its future before it returns, so a caller whose wait() just ended
+// can reach stop() while the worker is still leaving that task: nothing is in flight
+// then, only the bookkeeping after it. So a queue with nothing queued beyond the
+// running task gets a moment to go idle before it counts as busy.
 void TaskQueue::stop(const std::function<void()>& if_busy) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (stopping_) return;
     stopping_ = true;
+    if (pending_ == 1 && queue_.empty()) {
+      idle_cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return pending_ == 0; });
+    }
     if (pending_ > 0 && if_busy) if_busy();
   }
   cv_.notify_one();
@@ -42,7 +51,7 @@ void TaskQueue::loop() {
     }
     task();
     std::lock_guard<std::mutex> lock(mutex_);
-    --pending_;
+    if (--pending_ == 0) idle_cv_.notify_all();
   }
 }
 

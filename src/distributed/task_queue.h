@@ -37,6 +37,7 @@ class TaskQueue {
 
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // pending_ reached 0
   std::deque<Task> queue_;
   size_t pending_ = 0;  // queued or running
   bool stopping_ = false;

@@ -125,25 +125,50 @@ void unregister_param_owner(const at::Tensor& param) {
 }
 
 namespace {
-std::unordered_map<const void*, int>& ddp_params() {
-  static std::unordered_map<const void*, int> map;
+// DistributedDataParallel's parameters: a count per tensor, with a weak reference, so
+// that an entry outliving its tensor (a DDP whose constructor threw after marking) is
+// never taken for a new tensor at the same address.
+struct DdpMark {
+  c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+  int count = 0;
+};
+std::unordered_map<const void*, DdpMark>& ddp_params() {
+  static std::unordered_map<const void*, DdpMark> map;
   return map;
+}
+bool same_tensor(const DdpMark& mark, const at::Tensor& t) {
+  auto alive = mark.tensor.lock();
+  return alive && alive.get() == t.unsafeGetTensorImpl();
 }
 }  // namespace
 
 void mark_ddp_param(const at::Tensor& param, bool owned) {
   std::lock_guard<std::mutex> lock(owners_mutex());
   auto& m = ddp_params();
+  auto it = m.find(param.unsafeGetTensorImpl());
+  if (it != m.end() && !same_tensor(it->second, param)) {
+    m.erase(it);
+    it = m.end();
+  }
   if (owned) {
-    m[param.unsafeGetTensorImpl()] += 1;
-  } else {
-    auto it = m.find(param.unsafeGetTensorImpl());
-    if (it != m.end() && --it->second <= 0) m.erase(it);
+    if (it == m.end()) {
+      it = m.emplace(param.unsafeGetTensorImpl(),
+                     DdpMark{c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr()), 0})
+               .first;
+    }
+    it->second.count += 1;
+  } else if (it != m.end() && --it->second.count <= 0) {
+    m.erase(it);
   }
 }
 bool is_ddp_param(const at::Tensor& param) {
   std::lock_guard<std::mutex> lock(owners_mutex());
-  return ddp_params().count(param.unsafeGetTensorImpl()) > 0;
+  auto& m = ddp_params();
+  auto it = m.find(param.unsafeGetTensorImpl());
+  if (it == m.end()) return false;
+  if (same_tensor(it->second, param)) return true;
+  m.erase(it);
+  return false;
 }
 
 std::vector<int64_t> ShardedParam::shard_sizes(int64_t n_rows) const {

@@ -26,6 +26,7 @@
 
 #include "distributed/common/check.h"
 #include "parallel/join_context.h"
+#include "parallel/module_tree.h"
 #include "parallel/shard_unit.h"
 
 #include <ATen/core/grad_mode.h>
@@ -105,10 +106,6 @@ void release_keep(const Module* m) {
   if (it != registry().end()) it->second.keep.reset();
 }
 
-std::string join(const std::string& path, const std::string& name) {
-  return path.empty() ? name : path + "." + name;
-}
-
 // ---- autograd: the identity functions around a unit ------------------------------
 
 struct UnitRef : torch::CustomClassHolder {
@@ -129,7 +126,10 @@ ShardUnit* unit_from(AutogradContext* ctx) {
 void post_backward(ShardUnit& u);
 void pre_backward(ShardUnit& u);
 
-struct PreBackward : torch::autograd::Function<PreBackward> {
+/// An identity autograd function whose backward calls Hook on its unit: on a unit's
+/// outputs pre_backward, on its inputs post_backward.
+template <void (*Hook)(ShardUnit&)>
+struct UnitHook : torch::autograd::Function<UnitHook<Hook>> {
   // A TensorList, not a variable_list: Function::apply counts only a TensorList's
   // elements as inputs that take part in autograd.
   static variable_list forward(AutogradContext* ctx, at::TensorList xs, c10::IValue ref) {
@@ -137,25 +137,13 @@ struct PreBackward : torch::autograd::Function<PreBackward> {
     return xs.vec();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    pre_backward(*unit_from(ctx));
-    grads.emplace_back();
+    Hook(*unit_from(ctx));
+    grads.emplace_back();  // for `ref`
     return grads;
   }
 };
-
-struct PostBackward : torch::autograd::Function<PostBackward> {
-  // A TensorList, not a variable_list: Function::apply counts only a TensorList's
-  // elements as inputs that take part in autograd.
-  static variable_list forward(AutogradContext* ctx, at::TensorList xs, c10::IValue ref) {
-    ctx->saved_data["unit"] = std::move(ref);
-    return xs.vec();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    post_backward(*unit_from(ctx));
-    grads.emplace_back();
-    return grads;
-  }
-};
+using PreBackward = UnitHook<&pre_backward>;
+using PostBackward = UnitHook<&post_backward>;
 
 RootStep& step_of(ShardUnit& u) {
   TORCH_INTERNAL_ASSERT(u.schedule.root && u.schedule.root->schedule.step);
@@ -358,17 +346,6 @@ void unit_forward_failed(ShardUnit& u) {
   }
 }
 
-void unit_set_requires_gradient_sync(ShardUnit& u, bool sync) {
-  u.schedule.requires_gradient_sync = sync;
-}
-void unit_set_reshard_after_forward(ShardUnit& u, bool reshard) {
-  u.options().reshard_after_forward(reshard);
-}
-void unit_unshard(ShardUnit& u) { u.finish_unshard(); }
-void unit_reshard(ShardUnit& u) { u.reshard(); }
-bool unit_is_sharded(const ShardUnit&) { return true; }
-const FullyShardOptions& unit_options(const ShardUnit& u) { return u.options(); }
-
 // ---- making units ----------------------------------------------------------------
 
 void check_can_shard(const Module& module) {
@@ -401,49 +378,29 @@ std::unordered_set<const ShardUnit*> nested_units(Module& root) {
 /// entry in `root`'s tree that names a module with a unit now names the unit. Checks
 /// first, changes after.
 void place_units(Module& root) {
-  struct Site {
-    Module* parent;
-    std::string name;
-    Module* module;
-    std::string path;
-  };
-  std::unordered_map<const Module*, long> tree_refs;
-  std::vector<Site> sites;
-  std::unordered_set<const Module*> visited;
-  std::function<void(Module&, const std::string&)> walk = [&](Module& m, const std::string& path) {
-    if (!visited.insert(&m).second) return;
-    const auto children = m.named_children();
-    for (const auto& item : children) {
-      tree_refs[item.value().get()] += 1;
-      if (dynamic_cast<FullyShardBase*>(item.value().get()) == nullptr &&
-          registered_unit(item.value().get())) {
-        sites.push_back({&m, item.key(), item.value().get(), join(path, item.key())});
-      }
-    }
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
-      for (const auto& any : *seq) tree_refs[any.ptr().get()] += 1;
-    } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&m)) {
-      for (const auto& child : *list) tree_refs[child.get()] += 1;
-    } else if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&m)) {
-      for (const auto& item : *dict) tree_refs[item.value().get()] += 1;
-    }
-    for (const auto& item : children) walk(*item.value(), join(path, item.key()));
-    // A unit registers its module's children as its own: the module's registry and
-    // containers hold them too.
-    if (auto* w = dynamic_cast<FullyShardBase*>(&m)) walk(*w->module_ptr(), path);
-  };
-  walk(root, "");
-  if (sites.empty()) return;
+  const TreeSurvey survey = survey_tree(
+      root,
+      [](const Module& child) {
+        return dynamic_cast<const FullyShardBase*>(&child) == nullptr &&
+               registered_unit(&child) != nullptr;
+      },
+      // A unit registers its module's children as its own: the module's registry and
+      // containers hold them too.
+      [](Module& m) -> Module* {
+        auto* w = dynamic_cast<FullyShardBase*>(&m);
+        return w ? w->module_ptr().get() : nullptr;
+      });
+  if (survey.sites.empty()) return;
 
   std::vector<std::shared_ptr<Module>> hold;
   std::unordered_set<const Module*> checked;
-  for (const Site& s : sites) {
-    if (!checked.insert(s.module).second) continue;
+  for (const ChildSite& s : survey.sites) {
+    if (!checked.insert(s.child).second) continue;
     std::shared_ptr<Module> m = s.parent->named_children()[s.name];
     Registered reg;
     auto unit = registered_unit(m.get(), &reg);
     // The unit holds its module twice (type-erased and typed).
-    const long outside = m.use_count() - 1 - tree_refs.at(s.module) - 2;
+    const long outside = survey.outside(m, 2);
     DDP_CHECK(outside <= 0, "ddp::fully_shard: the ", m->name(), " at '", s.path,
               "' is a unit, but it is also held outside the module tree (", outside,
               " more reference", outside == 1 ? "" : "s",
@@ -464,29 +421,17 @@ void place_units(Module& root) {
     }
     hold.push_back(std::move(m));
   }
-  for (const Site& s : sites) {
+  for (const ChildSite& s : survey.sites) {
     Registered reg;
-    std::shared_ptr<FullyShardBase> unit = registered_unit(s.module, &reg);
-    s.parent->replace_module(s.name, unit);
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(s.parent)) {
-      for (auto& any : *seq) {
-        if (any.ptr().get() == s.module) any = reg.as_any();
-      }
-    } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(s.parent)) {
-      for (auto& child : *list) {
-        if (child.get() == s.module) child = unit;
-      }
-    } else if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(s.parent)) {
-      for (auto& item : *dict) {
-        if (item.value().get() == s.module) item.value() = unit;
-      }
-    }
+    std::shared_ptr<FullyShardBase> unit = registered_unit(s.child, &reg);
+    replace_child(*s.parent, s.name, s.child, unit,
+                  reg.as_any ? reg.as_any() : torch::nn::AnyModule());
     // A unit whose module is this parent registered the module's children as its own.
     if (auto parent_unit = registered_unit(s.parent)) {
       parent_unit->replace_module(s.name, unit);
     }
   }
-  for (const Site& s : sites) release_keep(s.module);
+  for (const ChildSite& s : survey.sites) release_keep(s.child);
 }
 
 }  // namespace
@@ -576,16 +521,16 @@ bool FullyShardBase::is_sharded() const { return unit_ != nullptr; }
 
 void FullyShardBase::unshard() {
   DDP_CHECK(unit_, "ddp::FullyShard::unshard: ", module_->name(), " is not sharded yet.");
-  detail::unit_unshard(*unit_);
+  unit_->finish_unshard();
 }
 
 void FullyShardBase::reshard() {
   DDP_CHECK(unit_, "ddp::FullyShard::reshard: ", module_->name(), " is not sharded yet.");
-  detail::unit_reshard(*unit_);
+  unit_->reshard();
 }
 
 void FullyShardBase::set_requires_gradient_sync(bool sync, bool recurse) {
-  if (unit_) detail::unit_set_requires_gradient_sync(*unit_, sync);
+  if (unit_) unit_->schedule.requires_gradient_sync = sync;
   if (!recurse) return;
   for (const auto& m : modules(/*include_self=*/false)) {
     if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
@@ -594,7 +539,7 @@ void FullyShardBase::set_requires_gradient_sync(bool sync, bool recurse) {
 }
 
 void FullyShardBase::set_reshard_after_forward(bool reshard, bool recurse) {
-  if (unit_) detail::unit_set_reshard_after_forward(*unit_, reshard);
+  if (unit_) unit_->options().reshard_after_forward(reshard);
   if (!recurse) return;
   for (const auto& m : modules(/*include_self=*/false)) {
     if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
@@ -604,7 +549,7 @@ void FullyShardBase::set_reshard_after_forward(bool reshard, bool recurse) {
 
 const FullyShardOptions& FullyShardBase::options() const {
   static const FullyShardOptions unsharded;
-  return unit_ ? detail::unit_options(*unit_) : unsharded;
+  return unit_ ? unit_->options() : unsharded;
 }
 
 void FullyShardBase::train(bool on) {

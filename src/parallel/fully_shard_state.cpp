@@ -19,28 +19,6 @@ namespace {
 using detail::ShardedParam;
 using detail::ShardUnit;
 
-/// The ShardedParam of tensor `t` in `unit`.
-const ShardedParam* find_param(ShardUnit& unit, const at::Tensor& t) {
-  for (const ShardedParam& p : unit.params()) {
-    if (p.param.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return &p;
-  }
-  return nullptr;
-}
-
-/// Every rank's rows of `p`, put together (on every rank).
-at::Tensor gather_full(ShardUnit& unit, const ShardedParam& p) {
-  ProcessGroup& pg = unit.group();
-  const int world = pg.size();
-  at::Tensor padded = at::zeros({p.chunk_rows, p.row_numel}, p.shard.options());
-  if (p.local_rows > 0) {
-    padded.narrow(0, 0, p.local_rows).copy_(p.shard.reshape({p.local_rows, p.row_numel}));
-  }
-  at::Tensor out = at::empty({world * p.chunk_rows, p.row_numel}, padded.options());
-  pg.all_gather_into_tensor(out, padded);
-  at::Tensor full = out.narrow(0, 0, p.rows).reshape(p.sizes);
-  return full.contiguous();
-}
-
 }  // namespace
 
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
@@ -103,17 +81,13 @@ c10::Dict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {
   int rank = is_initialized() ? get_rank() : 0;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     at::Tensor value = item.value();
-    if (ShardUnit* unit = detail::unit_of_param(value)) {
-      rank = unit->group().rank();
-      DDP_CHECK(!unit->unsharded(), "ddp::full_state_dict: unit ", unit->name(),
+    if (const detail::ShardedRef ref = detail::sharded_ref(value)) {
+      rank = ref.unit->group().rank();
+      DDP_CHECK(!ref.unit->unsharded(), "ddp::full_state_dict: unit ", ref.unit->name(),
                 " holds its full parameters (between a forward and its backward, or after "
                 "unshard()); call it after the step, or reshard() first.");
       at::Tensor& full = gathered[value.unsafeGetTensorImpl()];
-      if (!full.defined()) {
-        const ShardedParam* p = find_param(*unit, value);
-        TORCH_INTERNAL_ASSERT(p);
-        full = gather_full(*unit, *p);
-      }
+      if (!full.defined()) full = ref.unit->gather_rows(*ref.param, ref.param->shard);
       value = full;
     }
     items.emplace_back(item.key(), value);
@@ -149,7 +123,7 @@ std::string check_state(torch::nn::Module& model, const c10::Dict<std::string, a
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& t = item.value();
     std::vector<int64_t> sizes = t.sizes().vec();
-    if (ShardUnit* unit = detail::unit_of_param(t)) sizes = find_param(*unit, t)->sizes;
+    if (const detail::ShardedRef ref = detail::sharded_ref(t)) sizes = ref.param->sizes;
     std::string problem = check(item.key(), sizes);
     if (!problem.empty()) return problem;
   }
@@ -192,8 +166,8 @@ void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string,
   std::unordered_set<const void*> done;
   auto load = [&](const std::string& key, const at::Tensor& target) {
     if (!done.insert(target.unsafeGetTensorImpl()).second) return;
-    ShardUnit* unit = detail::unit_of_param(target);
-    const ShardedParam* p = unit ? find_param(*unit, target) : nullptr;
+    const detail::ShardedRef ref = detail::sharded_ref(target);
+    const ShardedParam* p = ref.param;
     const at::TensorOptions opts = p ? p->shard.options() : target.options();
     const std::vector<int64_t> sizes = p ? p->sizes : target.sizes().vec();
     at::Tensor value;
@@ -204,9 +178,7 @@ void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string,
       value = state.at(key);
     }
     if (p) {
-      at::Tensor rows =
-          value.reshape({p->rows, p->row_numel}).narrow(0, p->first_row(rank), p->local_rows);
-      p->shard.copy_(rows.reshape(p->shard.sizes()));
+      p->shard.copy_(ref.unit->rows_of_this_rank(*p, value));
     } else {
       target.copy_(value);
     }

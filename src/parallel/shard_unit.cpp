@@ -114,6 +114,15 @@ ShardUnit* unit_of_param(const at::Tensor& param) {
   auto it = owners().find(param.unsafeGetTensorImpl());
   return it == owners().end() ? nullptr : it->second;
 }
+ShardedRef sharded_ref(const at::Tensor& param) {
+  ShardUnit* unit = unit_of_param(param);
+  if (!unit) return {};
+  for (const ShardedParam& p : unit->params()) {
+    if (p.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return {unit, &p};
+  }
+  return {};
+}
+
 void register_param_owner(const at::Tensor& param, ShardUnit* unit) {
   std::lock_guard<std::mutex> lock(owners_mutex());
   owners()[param.unsafeGetTensorImpl()] = unit;
@@ -282,6 +291,22 @@ void ShardUnit::shard(std::vector<std::pair<std::string, at::Tensor>> named) {
     }
     register_param_owner(p.param, this);
   }
+}
+
+at::Tensor ShardUnit::gather_rows(const ShardedParam& p, const at::Tensor& rows) const {
+  at::Tensor padded = at::zeros({p.chunk_rows, p.row_numel}, rows.options());
+  if (p.local_rows > 0) {
+    padded.narrow(0, 0, p.local_rows).copy_(rows.reshape({p.local_rows, p.row_numel}));
+  }
+  at::Tensor out = at::empty({world_ * p.chunk_rows, p.row_numel}, padded.options());
+  pg_->all_gather_into_tensor(out, padded);
+  return out.narrow(0, 0, p.rows).reshape(p.sizes).contiguous();
+}
+
+at::Tensor ShardUnit::rows_of_this_rank(const ShardedParam& p, const at::Tensor& full) const {
+  return full.reshape({p.rows, p.row_numel})
+      .narrow(0, p.first_row(rank_), p.local_rows)
+      .reshape(p.shard_sizes(p.local_rows));
 }
 
 void ShardUnit::start_unshard() {

@@ -105,6 +105,12 @@ class ShardUnit {
   void finish_reduce();
   bool reduce_pending() const { return rs_.pending; }
 
+  /// Every rank's rows of a tensor shaped like p's shard (the shard itself, its gradient,
+  /// an optimizer's state for it) put together in p's full shape. Collective.
+  at::Tensor gather_rows(const ShardedParam& p, const at::Tensor& rows) const;
+  /// This rank's rows of `full` (p's full shape), shaped like p's shard: a view.
+  at::Tensor rows_of_this_rank(const ShardedParam& p, const at::Tensor& full) const;
+
   UnitSchedule schedule;
 
  private:
@@ -140,6 +146,14 @@ class ShardUnit {
 
 /// Which unit shards this tensor, or nullptr (an unsharded parameter).
 ShardUnit* unit_of_param(const at::Tensor& param);
+
+/// A tensor fully_shard holds: its unit and its record there; empty for any other.
+struct ShardedRef {
+  ShardUnit* unit = nullptr;
+  const ShardedParam* param = nullptr;
+  explicit operator bool() const { return param != nullptr; }
+};
+ShardedRef sharded_ref(const at::Tensor& param);
 void register_param_owner(const at::Tensor& param, ShardUnit* unit);
 void unregister_param_owner(const at::Tensor& param);
 /// DistributedDataParallel's parameters, which fully_shard refuses (and the reverse).

@@ -18,6 +18,7 @@
 #include <ddp/parallel/sync_batchnorm.h>
 
 #include "distributed/common/check.h"
+#include "parallel/module_tree.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -35,70 +36,15 @@
 namespace ddp {
 namespace {
 
+using detail::ChildSite;
+using detail::TreeSurvey;
+
 using torch::nn::Module;
 
 bool is_batchnorm(const Module& m) {
   return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&m) != nullptr ||
          dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&m) != nullptr ||
          dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m) != nullptr;
-}
-
-/// One registry entry that names a BatchNorm.
-struct Site {
-  Module* parent;
-  std::string name;
-  const Module* layer;
-  std::string path;  // from the root, as named_modules() spells it
-};
-
-/// The tree's own references to each module (Note [Who else holds the layer]) and every
-/// place a BatchNorm is registered. Holds no shared_ptr once done.
-struct Survey {
-  std::unordered_map<const Module*, long> tree_refs;
-  std::vector<Site> sites;
-  std::unordered_set<const Module*> visited;
-
-  void walk(Module& m, const std::string& path) {
-    if (!visited.insert(&m).second) return;  // a module registered in several places
-    const auto children = m.named_children();
-    for (const auto& item : children) {
-      tree_refs[item.value().get()] += 1;
-      if (is_batchnorm(*item.value())) {
-        sites.push_back({&m, item.key(), item.value().get(), join(path, item.key())});
-      }
-    }
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&m)) {
-      for (const auto& any : *seq) tree_refs[any.ptr().get()] += 1;
-    } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&m)) {
-      for (const auto& child : *list) tree_refs[child.get()] += 1;
-    } else if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&m)) {
-      for (const auto& item : *dict) tree_refs[item.value().get()] += 1;
-    }
-    for (const auto& item : children) walk(*item.value(), join(path, item.key()));
-  }
-
-  static std::string join(const std::string& path, const std::string& name) {
-    return path.empty() ? name : path + "." + name;
-  }
-};
-
-/// Points `parent`'s registry entry `name`, and its container entries, at `sync`.
-void replace(Module& parent, const std::string& name, const Module* old,
-             const std::shared_ptr<SyncBatchNormImpl>& sync) {
-  parent.replace_module(name, sync);
-  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&parent)) {
-    for (auto& any : *seq) {
-      if (any.ptr().get() == old) any = torch::nn::AnyModule(sync);
-    }
-  } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&parent)) {
-    for (auto& child : *list) {
-      if (child.get() == old) child = sync;
-    }
-  } else if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&parent)) {
-    for (auto& item : *dict) {
-      if (item.value().get() == old) item.value() = sync;
-    }
-  }
 }
 
 }  // namespace
@@ -142,16 +88,15 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
     return detail::sync_batchnorm_sharing_state_of(*module, std::move(process_group));
   }
 
-  Survey survey;
-  survey.walk(*module, "");
+  const TreeSurvey survey = detail::survey_tree(*module, is_batchnorm);
 
   // Check every layer before changing any (Note [Who else holds the layer]).
   std::vector<std::shared_ptr<Module>> layers;  // keeps the old layers alive until done
   std::unordered_set<const Module*> checked;
-  for (const Site& site : survey.sites) {
-    if (!checked.insert(site.layer).second) continue;
+  for (const ChildSite& site : survey.sites) {
+    if (!checked.insert(site.child).second) continue;
     std::shared_ptr<Module> layer = site.parent->named_children()[site.name];
-    const long outside = layer.use_count() - 1 - survey.tree_refs.at(site.layer);
+    const long outside = survey.outside(layer);
     DDP_CHECK(outside <= 0, "convert_sync_batchnorm: the ", layer->name(), " at '", site.path,
               "' is also held outside the module tree (", outside, " more reference",
               outside == 1 ? "" : "s",
@@ -168,10 +113,10 @@ std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
   }
 
   std::unordered_map<const Module*, std::shared_ptr<SyncBatchNormImpl>> made;
-  for (const Site& site : survey.sites) {
-    std::shared_ptr<SyncBatchNormImpl>& sync = made[site.layer];
-    if (!sync) sync = detail::sync_batchnorm_sharing_state_of(*site.layer, process_group);
-    replace(*site.parent, site.name, site.layer, sync);
+  for (const ChildSite& site : survey.sites) {
+    std::shared_ptr<SyncBatchNormImpl>& sync = made[site.child];
+    if (!sync) sync = detail::sync_batchnorm_sharing_state_of(*site.child, process_group);
+    detail::replace_child(*site.parent, site.name, site.child, sync, torch::nn::AnyModule(sync));
   }
   return module;
 }

@@ -42,18 +42,11 @@ std::string shard_file(const std::string& dir, int64_t r, int64_t n) {
   return dir + "/shard-" + std::to_string(r) + "-of-" + std::to_string(n) + ".pt";
 }
 
-/// Sharded parameters by model key: (unit, param).
-std::map<std::string, std::pair<ShardUnit*, const ShardedParam*>> sharded_by_key(
-    const torch::nn::Module& model) {
-  std::map<std::string, std::pair<ShardUnit*, const ShardedParam*>> out;
+/// Sharded parameters by model key.
+std::map<std::string, detail::ShardedRef> sharded_by_key(const torch::nn::Module& model) {
+  std::map<std::string, detail::ShardedRef> out;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    ShardUnit* unit = detail::unit_of_param(item.value());
-    if (!unit) continue;
-    for (const ShardedParam& p : unit->params()) {
-      if (p.param.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()) {
-        out[item.key()] = {unit, &p};
-      }
-    }
+    if (const auto ref = detail::sharded_ref(item.value())) out[item.key()] = ref;
   }
   return out;
 }
@@ -120,9 +113,9 @@ void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoin
     top.insert("step", checkpoint.step());
     top.insert("model", cpu_state_dict(*checkpoint.model()));
     c10::impl::GenericDict rows = new_dict();
-    for (const auto& [key, up] : sharded_by_key(*checkpoint.model())) {
-      const ShardedParam& p = *up.second;
-      std::vector<int64_t> info = {p.first_row(up.first->group().rank()), p.local_rows};
+    for (const auto& [key, ref] : sharded_by_key(*checkpoint.model())) {
+      const ShardedParam& p = *ref.param;
+      std::vector<int64_t> info = {p.first_row(ref.unit->group().rank()), p.local_rows};
       info.insert(info.end(), p.sizes.begin(), p.sizes.end());
       rows.insert(key, c10::List<int64_t>(info));
     }
@@ -242,14 +235,14 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
                                        .reshape(sizes));
       continue;
     }
-    const ShardedParam& p = *it->second.second;
+    const ShardedParam& p = *it->second.param;
     std::vector<int64_t> firsts, counts;
     saved_rows(kv.key(), firsts, counts);
     std::vector<at::Tensor> parts;
     for (const auto& m : models) parts.push_back(m.at(kv.key()));
     model_state.insert(kv.key(),
                        rows_from(parts, firsts, counts,
-                                 p.first_row(it->second.first->group().rank()), p.local_rows,
+                                 p.first_row(it->second.unit->group().rank()), p.local_rows,
                                  p.shard_sizes(p.local_rows), "'" + kv.key() + "'", where));
   }
   std::vector<Apply> steps;
@@ -270,7 +263,7 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
                                   : std::string();
       const auto it = sharded.find(key);
       if (it == sharded.end()) continue;
-      const ShardedParam& p = *it->second.second;
+      const ShardedParam& p = *it->second.param;
       std::vector<int64_t> firsts, counts;
       saved_rows(key, firsts, counts);
       c10::impl::GenericDict values = entry.value().toGenericDict().copy();
@@ -282,7 +275,7 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
           parts.push_back(st.at(entry.key()).toGenericDict().at(kv.key()).toTensor());
         }
         values.insert_or_assign(kv.key(), rows_from(parts, firsts, counts,
-                                                    p.first_row(it->second.first->group().rank()),
+                                                    p.first_row(it->second.unit->group().rank()),
                                                     p.local_rows, p.shard_sizes(p.local_rows),
                                                     "the optimizer state of '" + key + "'", where));
       }

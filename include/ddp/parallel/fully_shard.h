@@ -97,15 +97,8 @@ namespace detail {
 
 class ShardUnit;
 
-/// The non-template side of FullyShardImpl (src/parallel/fully_shard*.cpp).
-/// `place` builds the Sequential entry for the unit (nullptr when M's forward is a
-/// template, which a Sequential cannot call).
-std::shared_ptr<ShardUnit> make_shard_unit(torch::nn::Module& wrapper,
-                                           std::shared_ptr<torch::nn::Module> module,
-                                           const FullyShardOptions& options);
-void shard_unit(ShardUnit& unit, const FullyShardOptions& options,
-                std::function<torch::nn::AnyModule()> as_any);
-bool unit_is_sharded(const ShardUnit& unit);
+// The non-template side of FullyShardImpl (src/parallel/fully_shard.cpp).
+
 /// Before the module's forward: the root's step, the all-gather, the inputs' hooks.
 /// Returns the tensor inputs to pass on (cast, and marked for post-backward).
 std::vector<at::Tensor> unit_pre_forward(ShardUnit& unit, std::vector<at::Tensor> inputs);
@@ -116,12 +109,6 @@ std::vector<at::Tensor> unit_post_forward(ShardUnit& unit, std::vector<at::Tenso
                                           bool known);
 /// The forward threw: leave no step half begun.
 void unit_forward_failed(ShardUnit& unit);
-void unit_set_requires_gradient_sync(ShardUnit& unit, bool sync);
-void unit_set_reshard_after_forward(ShardUnit& unit, bool reshard);
-void unit_unshard(ShardUnit& unit);
-void unit_reshard(ShardUnit& unit);
-void unit_train_changed(ShardUnit& unit);
-const FullyShardOptions& unit_options(const ShardUnit& unit);
 
 /// Puts each tensor of T back from `tensors` in the order OutputTensors<T> collects them.
 template <typename T, typename = void>

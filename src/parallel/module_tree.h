@@ -45,8 +45,8 @@ TreeSurvey survey_tree(torch::nn::Module& root,
 
 /// Points `parent`'s registry entry `name`, and its container entries that hold `old`, at
 /// `now` (a Sequential at `as_any`, which must wrap `now`).
-void replace_child(torch::nn::Module& parent, const std::string& name,
-                   const torch::nn::Module* old, const std::shared_ptr<torch::nn::Module>& now,
+void replace_child(torch::nn::Module& parent, const std::string& name, const torch::nn::Module* old,
+                   const std::shared_ptr<torch::nn::Module>& now,
                    const torch::nn::AnyModule& as_any);
 
 std::string join_path(const std::string& path, const std::string& name);

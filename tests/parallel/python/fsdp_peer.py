@@ -10,6 +10,7 @@ processes (Gloo on CPUs, FileStore in DIR), and writes the full parameters after
 to DIR/py.bin. Exits 3 (and says why) when this PyTorch has no FSDP2.
 """
 
+import faulthandler
 import math
 import os
 import sys
@@ -77,6 +78,7 @@ def worker(rank, d, world, per_rank, steps):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    faulthandler.enable()  # an abort inside PyTorch prints where Python was
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "pystore"),
                             rank=rank, world_size=world)
@@ -104,9 +106,15 @@ def worker(rank, d, world, per_rank, steps):
         opt.zero_grad()
     full = [p.full_tensor().detach().reshape(-1) for p in model.parameters()]
     if rank == 0:
-        torch.cat(full).numpy().tofile(os.path.join(d, "py.bin"))
+        torch.cat(full).numpy().tofile(os.path.join(d, "py.bin.part"))
+        os.replace(os.path.join(d, "py.bin.part"), os.path.join(d, "py.bin"))
     dist.barrier()
-    dist.destroy_process_group()
+    # The result is written and every rank is past its last collective. Leave without
+    # PyTorch's teardown: a Gloo worker thread destroyed at interpreter exit has aborted a
+    # rank here ("terminate called without an active exception") after a complete run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():

@@ -1,0 +1,148 @@
+#include "report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace gpt {
+namespace {
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, v);
+  return buf;
+}
+
+// A tick step of 1, 2 or 5 times a power of ten giving about `ticks` intervals.
+double nice_step(double range, int ticks) {
+  const double raw = range / ticks;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / power;
+  return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * power;
+}
+
+}  // namespace
+
+std::vector<StepMetrics> read_metrics(const std::string& path) {
+  std::vector<StepMetrics> out;
+  std::ifstream in(path);
+  if (!in) return out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      StepMetrics m;
+      m.step = j.at("step").get<int64_t>();
+      m.epoch = j.at("epoch").get<int64_t>();
+      if (j.contains("train_loss")) m.train_loss = j.at("train_loss").get<double>();
+      if (j.contains("val_loss")) m.val_loss = j.at("val_loss").get<double>();
+      m.tokens_per_s = j.at("tokens_per_s").get<double>();
+      m.seconds = j.at("seconds").get<double>();
+      m.world_size = j.at("world_size").get<int64_t>();
+      out.push_back(m);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(number) +
+                               ": not a metrics record: " + e.what());
+    }
+  }
+  return out;
+}
+
+void write_metrics(const std::string& path, const std::vector<StepMetrics>& metrics) {
+  std::string text;
+  for (const auto& m : metrics) {
+    nlohmann::ordered_json j = {{"step", m.step}, {"epoch", m.epoch}};
+    if (m.train_loss) j["train_loss"] = *m.train_loss;
+    if (m.val_loss) j["val_loss"] = *m.val_loss;
+    j["tokens_per_s"] = m.tokens_per_s;
+    j["seconds"] = m.seconds;
+    j["world_size"] = m.world_size;
+    text += j.dump() + "\n";
+  }
+  write_atomically(path, text);
+}
+
+void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& metrics,
+                    const std::string& title) {
+  constexpr double kW = 760, kH = 440, kL = 70, kR = 730, kT = 50, kB = 380;
+  double xmax = 1, ylo = 1e300, yhi = -1e300;
+  for (const auto& m : metrics) {
+    xmax = std::max(xmax, double(m.step));
+    if (m.train_loss) ylo = std::min(ylo, *m.train_loss), yhi = std::max(yhi, *m.train_loss);
+    if (m.val_loss) ylo = std::min(ylo, *m.val_loss), yhi = std::max(yhi, *m.val_loss);
+  }
+  if (metrics.empty()) ylo = 0, yhi = 1;
+  if (!(yhi > ylo)) ylo -= 0.5, yhi += 0.5;
+  const double ystep = nice_step(yhi - ylo, 6), xstep = nice_step(xmax, 8);
+  ylo = std::floor(ylo / ystep) * ystep;
+  yhi = std::ceil(yhi / ystep) * ystep;
+  const double xhi = std::ceil(xmax / xstep) * xstep;
+  auto X = [&](double v) { return kL + v / xhi * (kR - kL); };
+  auto Y = [&](double v) { return kB - (v - ylo) / (yhi - ylo) * (kB - kT); };
+  const int decimals = ystep >= 1 ? 0 : int(std::ceil(-std::log10(ystep) - 1e-9));
+  const std::string yfmt = "%." + std::to_string(decimals) + "f";
+
+  std::ostringstream s;
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    << "<text x=\"" << kW / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"15\">";
+  for (char c : title)
+    s << (c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c));
+  s << "</text>\n";
+  for (double y = ylo; y <= yhi + ystep / 2; y += ystep) {
+    s << "<line x1=\"" << kL << "\" x2=\"" << kR << "\" y1=\"" << Y(y) << "\" y2=\"" << Y(y)
+      << "\" stroke=\"#ddd\"/><text x=\"" << kL - 8 << "\" y=\"" << Y(y) + 4
+      << "\" text-anchor=\"end\">" << fmt(yfmt.c_str(), y) << "</text>\n";
+  }
+  for (double x = 0; x <= xhi + xstep / 2; x += xstep) {
+    s << "<text x=\"" << X(x) << "\" y=\"" << kB + 18 << "\" text-anchor=\"middle\">"
+      << fmt("%.0f", x) << "</text>\n";
+  }
+  s << "<rect x=\"" << kL << "\" y=\"" << kT << "\" width=\"" << kR - kL << "\" height=\""
+    << kB - kT << "\" fill=\"none\" stroke=\"#444\"/>\n"
+    << "<text x=\"" << (kL + kR) / 2 << "\" y=\"" << kB + 40
+    << "\" text-anchor=\"middle\">optimizer step</text>\n"
+    << "<text x=\"18\" y=\"" << (kT + kB) / 2
+    << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 " << (kT + kB) / 2
+    << ")\">loss (cross-entropy, nats per character)</text>\n";
+  std::string train, val;
+  for (const auto& m : metrics) {
+    if (m.train_loss) train += fmt("%.1f,", X(double(m.step))) + fmt("%.1f ", Y(*m.train_loss));
+    if (m.val_loss) val += fmt("%.1f,", X(double(m.step))) + fmt("%.1f ", Y(*m.val_loss));
+  }
+  s << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"" << train
+    << "\"/>\n";
+  s << "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"" << val << "\"/>\n";
+  for (const auto& m : metrics)
+    if (m.val_loss)
+      s << "<circle cx=\"" << X(double(m.step)) << "\" cy=\"" << Y(*m.val_loss)
+        << "\" r=\"3.5\" fill=\"#d62728\"/>\n";
+  s << "<line x1=\"" << kR - 170 << "\" x2=\"" << kR - 145 << "\" y1=\"" << kT + 18 << "\" y2=\""
+    << kT + 18 << "\" stroke=\"#1f77b4\" stroke-width=\"2\"/><text x=\"" << kR - 138 << "\" y=\""
+    << kT + 22 << "\">train loss</text>\n"
+    << "<line x1=\"" << kR - 170 << "\" x2=\"" << kR - 145 << "\" y1=\"" << kT + 38 << "\" y2=\""
+    << kT + 38 << "\" stroke=\"#d62728\" stroke-width=\"2\"/><text x=\"" << kR - 138 << "\" y=\""
+    << kT + 42 << "\">validation loss</text>\n</svg>\n";
+  write_atomically(path, s.str());
+}
+
+}  // namespace gpt

@@ -9,6 +9,12 @@
 
 #include <cmath>
 
+#ifdef BENCH_HAVE_GPT
+#include "gpt/model.h"
+
+#include <torch/nn/modules/linear.h>
+#endif
+
 namespace bench {
 
 namespace nn = torch::nn;
@@ -18,7 +24,8 @@ ModelSpec spec(const std::string& name) {
   if (name == "cnn") return {16, {3, 32, 32}};
   if (name == "wide") return {8, {1024}};
   if (name == "tiny") return {4, {16}};
-  TORCH_CHECK(false, "unknown model '", name, "': expected small, cnn, wide or tiny");
+  if (name == "gpt") return {32, {kGptBlock}};
+  TORCH_CHECK(false, "unknown model '", name, "': expected small, cnn, wide, tiny or gpt");
 }
 
 namespace {
@@ -60,6 +67,18 @@ nn::Sequential build(const std::string& name) {
                            nn::Linear(4096, 1024), nn::ReLU(), nn::Linear(1024, kNumClasses));
   } else if (name == "tiny") {
     model = nn::Sequential(nn::Linear(16, kNumClasses));
+  } else if (name == "gpt") {
+#ifdef BENCH_HAVE_GPT
+    // examples/gpt's default model; its logits [B, T, vocab] flattened to [B*T, vocab]
+    // for the loop's cross_entropy.
+    gpt::GptConfig config;
+    config.vocab_size = kGptVocab;
+    config.block_size = kGptBlock;
+    config.dropout = 0.0;
+    model = nn::Sequential(gpt::Gpt(config), nn::Flatten(nn::FlattenOptions().start_dim(0).end_dim(1)));
+#else
+    TORCH_CHECK(false, "model 'gpt' needs examples/gpt (built with the examples)");
+#endif
   } else {
     spec(name);  // throws
   }
@@ -76,6 +95,12 @@ std::vector<std::pair<at::Tensor, at::Tensor>> batches(const std::string& name, 
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
   for (int k = 0; k < kNumBatches; ++k) {
     const int64_t i = static_cast<int64_t>(rank) * kNumBatches + k;
+    if (name == "gpt") {  // tokens, and the targets of every position, flattened
+      auto x = (at::arange(numel, at::kLong) * 7 + 3 * i).remainder(kGptVocab);
+      auto y = (at::arange(numel, at::kLong) * 5 + 1 + i).remainder(kGptVocab);
+      out.emplace_back(x.view(shape), y);
+      continue;
+    }
     auto x = at::arange(numel, at::kDouble).mul_(0.013).add_(1.7 * static_cast<double>(i)).sin_();
     auto y = (at::arange(s.batch, at::kLong) * 7 + 3 * i).remainder(kNumClasses);
     out.emplace_back(x.to(at::kFloat).view(shape), y);

@@ -21,7 +21,10 @@ struct ModelSpec {
   std::vector<int64_t> input;  // one sample's shape
 };
 
-/// small, cnn, wide or tiny; throws on any other name.
+/// The GPT's sizes (model "gpt"): examples/gpt's defaults, a vocabulary of 96 characters.
+constexpr int64_t kGptVocab = 96, kGptBlock = 64;
+
+/// small, cnn, wide, tiny or gpt; throws on any other name.
 ModelSpec spec(const std::string& name);
 
 /// The model with its closed-form initial weights.

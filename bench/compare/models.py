@@ -11,6 +11,11 @@ checks it (run.py trains both for a few steps and compares every parameter).
          communication dominates.
   tiny   one Linear 16-10 on 4 samples: next to no work, so that an iteration is mostly
          framework; it measures DDP's fixed cost per iteration at world size 1.
+  gpt    examples/gpt's default character-level GPT (4 layers, 4 heads, n_embd 128,
+         block 64, vocabulary 96, no dropout), 0.8 M parameters, 32 windows per rank:
+         a transformer's mix of matrix products, attention and many small tensors.
+         Its logits [B, T, 96] are flattened to [B*T, 96]; tokens and targets are
+         (7 i + 3 s) % 96 and (5 i + 1 + s) % 96 over the flattened positions i.
 
 Weights come from a closed form, not from a random generator, so that C++ and Python
 start from bit-identical values without sharing a file:
@@ -22,6 +27,8 @@ for K pre-generated batches that the loop cycles through.
 """
 
 import math
+import os
+import sys
 
 import torch
 from torch import nn
@@ -35,7 +42,9 @@ SPECS = {
     "cnn": (16, (3, 32, 32)),
     "wide": (8, (1024,)),
     "tiny": (4, (16,)),
+    "gpt": (32, (64,)),
 }
+GPT_VOCAB, GPT_BLOCK = 96, 64
 
 
 def build(name):
@@ -60,8 +69,14 @@ def build(name):
             nn.Linear(1024, NUM_CLASSES))
     elif name == "tiny":
         model = nn.Sequential(nn.Linear(16, NUM_CLASSES))
+    elif name == "gpt":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                        "examples", "gpt"))
+        import gpt as gpt_example
+        model = nn.Sequential(gpt_example.Gpt(GPT_VOCAB, GPT_BLOCK, 4, 4, 128, 0.0),
+                              nn.Flatten(0, 1))
     else:
-        raise ValueError(f"unknown model {name!r}: expected small, cnn, wide or tiny")
+        raise ValueError(f"unknown model {name!r}: expected small, cnn, wide, tiny or gpt")
     init_deterministic(model)
     return model
 
@@ -84,6 +99,11 @@ def batches(name, rank):
     out = []
     for k in range(NUM_BATCHES):
         s = rank * NUM_BATCHES + k
+        if name == "gpt":
+            i = torch.arange(numel, dtype=torch.int64)
+            out.append((((i * 7 + 3 * s) % GPT_VOCAB).view(batch, *shape),
+                        (i * 5 + 1 + s) % GPT_VOCAB))
+            continue
         x = torch.arange(numel, dtype=torch.float64).mul_(0.013).add_(1.7 * s).sin_()
         x = x.to(torch.float32).view(batch, *shape)
         y = (torch.arange(batch, dtype=torch.int64) * 7 + 3 * s) % NUM_CLASSES

@@ -180,7 +180,7 @@ def markdown(data, summary=None):
         "trial pair (run back to back) and then summarised the same way.")
     add("")
 
-    models = [k for k in ("small", "cnn", "wide") if k in data["trials"]]
+    models = [k for k in ("small", "cnn", "wide", "gpt") if k in data["trials"]]
     tr = data["trials"]
 
     add("## 1. Iteration time at world size 2 (the headline)")
@@ -222,6 +222,18 @@ def markdown(data, summary=None):
             % (k, "{:,}".format(r0["num_parameters"]), r0["batch"], f_ms(times(a)),
                f_ms(times(b)), f_ratio(r), v, floor_ms, floor_ratio))
     add("")
+    if "gpt" in models:
+        # Tokens per second of the GPT: 2 ranks x batch x block tokens per iteration.
+        tokens = 2 * tr["gpt"]["cpp-ddp-2"][0]["ranks"][0]["batch"] * 64
+        cells = {}
+        for name, key in (("ddp-cpp", "cpp-ddp-2"), ("PyTorch DDP", "py-ddp-2"),
+                          ("floor", "cpp-alone-2")):
+            if tr["gpt"].get(key):
+                cells[name] = "{:,.0f}".format(tokens / med(times(tr["gpt"][key])))
+        summary.setdefault("gpt", {})["tokens"] = cells
+        add("GPT tokens per second at 2 ranks (%d tokens per iteration, from the medians): %s."
+            % (tokens, ", ".join("%s %s" % kv for kv in cells.items())))
+        add("")
 
     add("## 2. DDP overhead at world size 1 (DDP against the same loop without DDP)")
     add("")
@@ -510,7 +522,7 @@ def readme_block(data):
     markdown(data, summary)
     meta = data["meta"]
     m = meta["machine"]
-    models = [k for k in ("small", "cnn", "wide") if k in summary]
+    models = [k for k in ("small", "cnn", "wide", "gpt") if k in summary]
     L = [README_BEGIN, ""]
     L.append("Measured by `bench/run-compare` on %s (%s, %s cores, %s), ddp-cpp %s, "
              "%d interleaved trials per configuration; medians, with the smallest and "
@@ -527,6 +539,10 @@ def readme_block(data):
         L.append("| %s | %s | %s | %s | %s | %s |"
                  % (k, c["cpp_ms"], c["py_ms"], c["ratio"], c["verdict"],
                     c.get("floor_ratio", "n/a")))
+    if summary.get("gpt", {}).get("tokens"):
+        L.append("")
+        L.append("GPT tokens per second at 2 ranks: %s."
+                 % ", ".join("%s %s" % kv for kv in summary["gpt"]["tokens"].items()))
     L.append("")
     L.append("| model | DDP overhead at world size 1, ddp-cpp (fixed cost; paired) | "
              "PyTorch (paired) | scaling efficiency at 2 ranks, ddp-cpp / PyTorch | "

@@ -43,7 +43,7 @@ CONFIGS = [
     # floor of ddp-cpp's iteration time at 2 ranks on this machine, whatever the transport.
     ("cpp", "alone", 2),
 ]
-MODELS = ["small", "cnn", "wide"]
+MODELS = ["small", "cnn", "wide", "gpt"]
 
 
 def key(side, mode, world):

@@ -142,13 +142,20 @@ def check_python(ddprun, gpt, gpt_py, work, extra):
                                                              "0"])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     py_metrics, py_model = os.path.join(work, "py.jsonl"), os.path.join(work, "py.pt")
-    code, out = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc-per-node", "2", gpt_py, "--data", os.path.join(work, "text.txt"),
-                     "--init", init, "--metrics", py_metrics, "--out", py_model]
+    import torch
+    if int(torch.__version__.split(".")[0]) >= 2:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", "2"]
+    else:
+        # Debian's torchrun 1.13 fails on Python 3.11 before it starts a worker
+        # (AttributeError in its --redirects parsing); ddprun sets the same environment.
+        launcher = [ddprun, "--nproc-per-node", "2", "--", sys.executable]
+    code, out = run(launcher + [gpt_py, "--data", os.path.join(work, "text.txt"),
+                                "--init", init, "--metrics", py_metrics, "--out", py_model]
                     + [a for a in SMALL if a not in ("--sample-length", "0")] + common,
                     timeout=300, env=env)
     if code != 0:
-        fail(f"gpt.py under torchrun: exit code {code}, expected 0", out)
+        fail(f"gpt.py under {os.path.basename(launcher[0])}: exit code {code}, expected 0", out)
     cpp = read_records(os.path.join(run_dir, "metrics.jsonl"))
     py = read_records(py_metrics)
     if len([r for r in cpp if "train_loss" in r]) != 20:
@@ -160,6 +167,16 @@ def check_python(ddprun, gpt, gpt_py, work, extra):
                                  "C++ model.pt against Python's")
     print(f"OK: 20 steps{' ' + ' '.join(extra) if extra else ''}: losses within "
           f"{worst_loss:.2g}, parameters within {worst_param:.2g} (relative) of PyTorch's DDP")
+
+
+# Parameters of --zero and --fsdp against DDP's, relative to each tensor's largest entry.
+# The three average gradients over 3 ranks in different orders (DDP divides before or after
+# the sum, fully_shard as FSDP2 with a pre- and post-divide where the backend has no
+# average), so gradients differ in their last bits; AdamW divides each gradient by its
+# own running magnitude, which lets an entry whose gradient hovers around 0 move by up to
+# lr per step either way. 12 steps at lr 3e-3 leave such entries within 1e-4 (LibTorch
+# 1.13, Gloo without AVG: 5e-5; 2.x: 1e-6), where a wrong gradient would be off by O(1).
+VARIANT_TOLERANCE = 1e-4
 
 
 def check_variants(ddprun, gpt, work):
@@ -178,14 +195,14 @@ def check_variants(ddprun, gpt, work):
         if ref:
             compare_records(read_records(os.path.join(d, "metrics.jsonl")),
                             read_records(os.path.join(ref, "metrics.jsonl")), 1e-5, name)
-            w = compare_models(os.path.join(d, "model.pt"), os.path.join(ref, "model.pt"), 1e-5,
-                               name)
+            w = compare_models(os.path.join(d, "model.pt"), os.path.join(ref, "model.pt"),
+                               VARIANT_TOLERANCE, name)
             print(f"OK: {name} at 3 ranks: parameters within {w:.2g} of DDP's")
     d = os.path.join(work, "fsdp_accum")
     compare_records(read_records(os.path.join(d, "metrics.jsonl")),
                     read_records(os.path.join(base_accum, "metrics.jsonl")), 1e-5, "fsdp_accum")
-    w = compare_models(os.path.join(d, "model.pt"), os.path.join(base_accum, "model.pt"), 1e-5,
-                       "fsdp --grad-accum 2")
+    w = compare_models(os.path.join(d, "model.pt"), os.path.join(base_accum, "model.pt"),
+                       VARIANT_TOLERANCE, "fsdp --grad-accum 2")
     print(f"OK: --fsdp --grad-accum 2 at 3 ranks: parameters within {w:.2g} of DDP's")
 
 

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   std::string data = gpt::kDefaultCorpus;
   double truncate = 1.0, train_split = 0.9;
   gpt::GptConfig config;
-  int64_t max_epochs = 10, max_steps = 0, batch_size = 32, grad_accum = 1, save_every = 100,
+  int64_t max_epochs = 20, max_steps = 0, batch_size = 32, grad_accum = 1, save_every = 100,
           log_every = 10, seed = 42, sample_length = 300;
   double learning_rate = 1e-3, weight_decay = 0.1, grad_norm_clip = 1.0;
   int threads = 0, timeout_s = 1800;

@@ -141,7 +141,7 @@ def main():
     a.add_argument("--n-head", type=int, default=4)
     a.add_argument("--n-embd", type=int, default=128)
     a.add_argument("--dropout", type=float, default=0.1)
-    a.add_argument("--max-epochs", type=int, default=10)
+    a.add_argument("--max-epochs", type=int, default=20)
     a.add_argument("--max-steps", type=int, default=0)
     a.add_argument("--batch-size", type=int, default=32)
     a.add_argument("--grad-accum", type=int, default=1)

@@ -8,6 +8,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include <cmath>
+#include <cstring>
 
 #ifdef BENCH_HAVE_GPT
 #include "gpt/model.h"
@@ -76,6 +77,18 @@ nn::Sequential build(const std::string& name) {
     config.block_size = kGptBlock;
     config.dropout = 0.0;
     model = nn::Sequential(gpt::Gpt(config), nn::Flatten(nn::FlattenOptions().start_dim(0).end_dim(1)));
+    init_deterministic(*model);
+    // LayerNorm gains near 1, not near 0 (closed form + 1), so that the signal and the
+    // gradients have a transformer's size.
+    at::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      const std::string& k = item.key();
+      for (const char* gain : {"ln_1.weight", "ln_2.weight", "ln_f.weight"}) {
+        const size_t n = std::strlen(gain);
+        if (k.size() >= n && k.compare(k.size() - n, n, gain) == 0) item.value().add_(1.0);
+      }
+    }
+    return model;
 #else
     TORCH_CHECK(false, "model 'gpt' needs examples/gpt (built with the examples)");
 #endif

@@ -11,7 +11,7 @@ checks it (run.py trains both for a few steps and compares every parameter).
          communication dominates.
   tiny   one Linear 16-10 on 4 samples: next to no work, so that an iteration is mostly
          framework; it measures DDP's fixed cost per iteration at world size 1.
-  gpt    examples/gpt's default character-level GPT (4 layers, 4 heads, n_embd 128,
+  gpt    (LayerNorm gains: the closed form + 1) examples/gpt's default character-level GPT (4 layers, 4 heads, n_embd 128,
          block 64, vocabulary 96, no dropout), 0.8 M parameters, 32 windows per rank:
          a transformer's mix of matrix products, attention and many small tensors.
          Its logits [B, T, 96] are flattened to [B*T, 96]; tokens and targets are
@@ -75,6 +75,12 @@ def build(name):
         import gpt as gpt_example
         model = nn.Sequential(gpt_example.Gpt(GPT_VOCAB, GPT_BLOCK, 4, 4, 128, 0.0),
                               nn.Flatten(0, 1))
+        init_deterministic(model)
+        with torch.no_grad():  # LayerNorm gains near 1 (closed form + 1), as models.cpp
+            for k, p in model.named_parameters():
+                if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                    p.add_(1.0)
+        return model
     else:
         raise ValueError(f"unknown model {name!r}: expected small, cnn, wide, tiny or gpt")
     init_deterministic(model)

@@ -143,8 +143,11 @@ int main(int argc, char** argv) {
                  "to cores / processes)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  // In the words of InitOptions::backend's doc comment, as fashion_mnist's (tests/examples).
   app.add_option("--backend", backend,
-                 "gloo, nccl or shm; empty: nccl on GPUs, shm on one host's CPUs, else gloo")
+                 "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is "
+                 "visible; on CPUs \"shm\" when every rank shares this host, else \"gloo\" (or "
+                 "\"hier\", shared memory within hosts and Gloo between them).")
       ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
   app.add_option("--timeout", timeout_s, "Seconds a rank waits for the others in a collective")
       ->capture_default_str()

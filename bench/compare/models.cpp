@@ -76,7 +76,8 @@ nn::Sequential build(const std::string& name) {
     config.vocab_size = kGptVocab;
     config.block_size = kGptBlock;
     config.dropout = 0.0;
-    model = nn::Sequential(gpt::Gpt(config), nn::Flatten(nn::FlattenOptions().start_dim(0).end_dim(1)));
+    model =
+        nn::Sequential(gpt::Gpt(config), nn::Flatten(nn::FlattenOptions().start_dim(0).end_dim(1)));
     init_deterministic(*model);
     // LayerNorm gains near 1, not near 0 (closed form + 1), so that the signal and the
     // gradients have a transformer's size.

@@ -370,11 +370,14 @@ int main(int argc, char** argv) {
       m.world_size = world_size;
       history.push_back(m);
 
-      // Every epoch ends with a checkpoint (collective: rank 0 writes the file, the
-      // others contribute their sampler positions and RNG states) and the metrics.
+      // Every epoch ends with the metrics, then a checkpoint (collective: rank 0 writes
+      // the file, the others contribute their sampler positions and RNG states). In this
+      // order a kill between the two loses nothing: the resumed run redoes the epoch
+      // from the previous checkpoint and drops the records after it; the other way
+      // round the checkpoint would say the epoch is done while its record was lost.
+      if (rank == 0) write_metrics(metrics_path.string(), history);
       ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch + 1).step(step));
       if (rank == 0) {
-        write_metrics(metrics_path.string(), history);
         std::printf("epoch %*lld/%lld  train loss %.4f  test accuracy %6.2f%%  "
                     "%6.0f samples/s  %s\n",
                     epoch_width(epochs), static_cast<long long>(m.epoch),

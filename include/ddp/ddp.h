@@ -18,6 +18,7 @@
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/parallel/fully_shard.h>
 #include <ddp/parallel/join.h>
+#include <ddp/parallel/powersgd.h>
 #include <ddp/parallel/sync_batchnorm.h>
 #include <ddp/parallel/trace.h>
 

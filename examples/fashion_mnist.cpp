@@ -36,6 +36,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
   std::string backend, data_dir = kDefaultDataDir, run_dir = "runs", name = "fashion_mnist";
   std::string progress_flag = "auto";
   bool resume = false, trace = false, amp = false, sync_bn = false, fsdp = false;
+  int64_t powersgd_rank = 0, powersgd_start = 1000;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -152,6 +154,18 @@ int main(int argc, char** argv) {
       "--fsdp", fsdp,
       "Shard the model with ddp::fully_shard instead of replicating it with DDP: each rank "
       "keeps 1/N of the weights, gradients and Adam state (checkpoints stay whole)");
+  auto* powersgd_flag =
+      app.add_option("--powersgd-rank", powersgd_rank,
+                     "Compress DDP's gradients with PowerSGD of this rank (ddp::powersgd_hook; "
+                     "for slow links between hosts); 0: off")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber)
+          ->excludes(fsdp_flag);
+  app.add_option("--powersgd-start", powersgd_start,
+                 "With --powersgd-rank: plain all-reduce for the steps before this one")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(2), std::numeric_limits<int64_t>::max()))
+      ->needs(powersgd_flag);
   app.add_flag("--trace", trace,
                "Write a Chrome trace per rank to "
                "<run-dir>/<name>/trace-rank<r>.json (open in ui.perfetto.dev)")
@@ -211,6 +225,14 @@ int main(int argc, char** argv) {
       if (device.is_cuda()) options.device_ids({device.index()});
       if (trace) options.trace_path((out_dir / "trace-rank{rank}.json").string());
       auto dmodel = ddp::DistributedDataParallel(model, options);
+      if (powersgd_rank > 0) {
+        // PyTorch's powerSGD_hook: rank-r approximations of each weight's gradient from
+        // step --powersgd-start on, with error feedback and warm start.
+        dmodel->register_comm_hook(ddp::powersgd_hook(
+            std::make_shared<ddp::PowerSGDState>(ddp::PowerSGDState()
+                                                     .matrix_approximation_rank(powersgd_rank)
+                                                     .start_powerSGD_iter(powersgd_start))));
+      }
       wrapped = dmodel.ptr();
       forward = [dmodel](const torch::Tensor& x) mutable { return dmodel->forward(x); };
     }

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/jit_type.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstring>
@@ -90,11 +91,22 @@ void NumpyRandomState::set_state(const std::vector<int64_t>& state) {
   pos_ = static_cast<int>(state[624]);
 }
 
-/// What the hook keeps for one bucket between iterations.
-struct PowerSGDBucketState {
-  at::Tensor error;     // error feedback: what the last compression lost, this rank's
-  at::Tensor p_memory;  // warm start: the flat Ps and Qs of the last iteration
-  at::Tensor q_memory;
+// Note [PowerSGD's state per parameter]
+// PyTorch keeps the error and the P and Q memories per bucket index, as flat tensors in
+// the bucket's layout. Here they are kept per parameter: the error as the parameter's
+// slice of the bucket's error, Q as the matrix's own (m x r) part (P is recomputed from
+// M and Q before it is read, so it need not be kept). Within a job this is the same
+// arithmetic, element for element. A resumed job's DDP starts from its initial bucket
+// layout and rebuilds it after the first iteration, as at the start, so a state kept
+// per bucket would be applied to other gradients for one iteration; kept per parameter,
+// it applies to the same ones whatever the layout, and a resumed run continues
+// bit-identically (with warm start; without it, each iteration's random Qs are drawn in
+// bucket order, as PyTorch draws them, and the first iteration after a resume draws them
+// in DDP's initial order).
+struct PowerSGDParamState {
+  at::Tensor param;  // keeps the key (its TensorImpl) alive
+  at::Tensor error;  // this rank's error feedback, shaped as the parameter
+  at::Tensor q;      // the warm-started Q, [m, r]
 };
 
 }  // namespace detail
@@ -120,13 +132,13 @@ PowerSGDState& PowerSGDState::operator=(const PowerSGDState& other) {
   numel_before_ = other.numel_before_;
   numel_after_ = other.numel_after_;
   rng_ = other.rng_;
-  buckets_.clear();
-  for (const auto& [index, bucket] : other.buckets_) {
-    auto copy = std::make_shared<detail::PowerSGDBucketState>();
-    if (bucket->error.defined()) copy->error = bucket->error.clone();
-    if (bucket->p_memory.defined()) copy->p_memory = bucket->p_memory.clone();
-    if (bucket->q_memory.defined()) copy->q_memory = bucket->q_memory.clone();
-    buckets_[index] = std::move(copy);
+  params_.clear();
+  for (const auto& [key, param] : other.params_) {
+    auto copy = std::make_shared<detail::PowerSGDParamState>();
+    copy->param = param->param;
+    if (param->error.defined()) copy->error = param->error.clone();
+    if (param->q.defined()) copy->q = param->q.clone();
+    params_[key] = std::move(copy);
   }
   return *this;
 }
@@ -174,7 +186,7 @@ void PowerSGDState::validate() const {
             random_seed_);
 }
 
-c10::impl::GenericDict PowerSGDState::state_dict() const {
+c10::impl::GenericDict PowerSGDState::state_dict(const torch::nn::Module& model) const {
   std::lock_guard<std::mutex> lock(mutex_);
   c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("iter", iter_);
@@ -182,19 +194,22 @@ c10::impl::GenericDict PowerSGDState::state_dict() const {
   out.insert("numel_after_compression", numel_after_);
   const auto rng = rng_ ? rng_->state() : detail::NumpyRandomState(uint32_t(random_seed_)).state();
   out.insert("rng", at::tensor(rng, at::kLong));
-  for (const auto& [index, bucket] : buckets_) {
-    const std::string suffix = "." + std::to_string(index);
-    if (bucket->error.defined()) out.insert("error" + suffix, bucket->error.cpu().clone());
-    if (bucket->p_memory.defined()) out.insert("p" + suffix, bucket->p_memory.cpu().clone());
-    if (bucket->q_memory.defined()) out.insert("q" + suffix, bucket->q_memory.cpu().clone());
+  for (const auto& item : model.named_parameters()) {
+    auto it = params_.find(item.value().unsafeGetTensorImpl());
+    if (it == params_.end()) continue;
+    if (it->second->error.defined())
+      out.insert("error." + item.key(), it->second->error.cpu().clone());
+    if (it->second->q.defined()) out.insert("q." + item.key(), it->second->q.cpu().clone());
   }
   return out;
 }
 
-void PowerSGDState::load_state_dict(const c10::impl::GenericDict& state) {
+void PowerSGDState::load_state_dict(const c10::impl::GenericDict& state,
+                                    const torch::nn::Module& model) {
+  const std::string where = "PowerSGDState::load_state_dict";
   auto get = [&](const std::string& key) {
     auto it = state.find(key);
-    DDP_CHECK(it != state.end(), "PowerSGDState::load_state_dict: no '", key,
+    DDP_CHECK(it != state.end(), where, ": no '", key,
               "': expected a dict written by PowerSGDState::state_dict()");
     return it->value();
   };
@@ -206,26 +221,45 @@ void PowerSGDState::load_state_dict(const c10::impl::GenericDict& state) {
                            rng_tensor.data_ptr<int64_t>() + rng_tensor.numel());
   detail::NumpyRandomState generator;
   generator.set_state(rng);
-  std::map<size_t, std::shared_ptr<detail::PowerSGDBucketState>> buckets;
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& item : model.named_parameters()) by_name[item.key()] = item.value();
+  std::map<const void*, std::shared_ptr<detail::PowerSGDParamState>> params;
   for (const auto& item : state) {
     const std::string key = item.key().toStringRef();
     const auto dot = key.find('.');
     if (dot == std::string::npos) continue;
-    const std::string kind = key.substr(0, dot);
-    DDP_CHECK(kind == "error" || kind == "p" || kind == "q",
-              "PowerSGDState::load_state_dict: unexpected key '", key, "'");
-    const size_t index = std::stoul(key.substr(dot + 1));
-    auto& bucket = buckets[index];
-    if (!bucket) bucket = std::make_shared<detail::PowerSGDBucketState>();
-    const at::Tensor t = item.value().toTensor().clone();
-    (kind == "error" ? bucket->error : kind == "p" ? bucket->p_memory : bucket->q_memory) = t;
+    const std::string kind = key.substr(0, dot), name = key.substr(dot + 1);
+    DDP_CHECK(kind == "error" || kind == "q", where, ": unexpected key '", key, "'");
+    auto found = by_name.find(name);
+    DDP_CHECK(found != by_name.end(), where, ": '", key, "' names a parameter '", name,
+              "' that the model lacks: load the state of the same model");
+    const at::Tensor& param = found->second;
+    const at::Tensor t = item.value().toTensor();
+    auto& slot = params[param.unsafeGetTensorImpl()];
+    if (!slot) {
+      slot = std::make_shared<detail::PowerSGDParamState>();
+      slot->param = param;
+    }
+    if (kind == "error") {
+      DDP_CHECK(t.numel() == param.numel(), where, ": '", key, "' has ", t.numel(),
+                " elements, the parameter ", param.numel());
+      slot->error = t.to(param.device(), param.scalar_type()).reshape(param.sizes()).clone();
+    } else {
+      const int64_t rows = param.dim() > 0 ? param.size(0) : 1;
+      const int64_t m = param.numel() / std::max<int64_t>(rows, 1);
+      const int64_t r = std::min({rows, m, matrix_approximation_rank_});
+      DDP_CHECK(t.dim() == 2 && t.size(0) == m && t.size(1) == r, where, ": '", key, "' has shape ",
+                t.sizes(), ", expected [", m, ", ", r, "] for matrix_approximation_rank ",
+                matrix_approximation_rank_, ": resume with the rank the state was saved with");
+      slot->q = t.to(param.device(), param.scalar_type()).clone();
+    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   iter_ = iter;
   numel_before_ = before;
   numel_after_ = after;
   rng_ = generator;
-  buckets_ = std::move(buckets);
+  params_ = std::move(params);
 }
 
 // ---- the hook -------------------------------------------------------------------------
@@ -267,6 +301,14 @@ void orthogonalize(at::Tensor& matrices, double epsilon) {
   }
 }
 
+// One product of the hook: a matrix of the bucket, or a stack of matrices of one shape.
+struct Batch {
+  at::Tensor matrices;                // [B, n, m]: views of the bucket, or a stacked copy
+  std::vector<at::Tensor> originals;  // when stacked: where to copy the result back
+  at::Tensor p, q;                    // views of the flat P and Q
+  std::vector<std::shared_ptr<detail::PowerSGDParamState>> states;  // one per matrix
+};
+
 }  // namespace
 
 class PowerSGDHook final : public CommHook {
@@ -286,7 +328,6 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   ProcessGroup& pg = s.process_group() ? *s.process_group() : bucket.process_group();
   const int world = pg.size();
   at::Tensor input = bucket.buffer();
-  const size_t index = bucket.index();
   const bool last = bucket.is_last();
 
   std::unique_lock<std::mutex> lock(s.mutex_);
@@ -302,25 +343,41 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
                c10::TensorType::get());
   }
 
-  auto& slot = s.buckets_[index];
-  if (!slot) slot = std::make_shared<detail::PowerSGDBucketState>();
-  std::shared_ptr<detail::PowerSGDBucketState> bs = slot;
+  // Note [PowerSGD's state per parameter].
+  std::vector<at::Tensor> gradients = bucket.gradients();
+  const std::vector<at::Tensor>& parameters = bucket.parameters();
+  std::vector<std::shared_ptr<detail::PowerSGDParamState>> states;
+  std::vector<int64_t> offsets;  // of each gradient in the bucket's buffer
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    auto& slot = s.params_[parameters[k].unsafeGetTensorImpl()];
+    if (!slot) {
+      slot = std::make_shared<detail::PowerSGDParamState>();
+      slot->param = parameters[k];
+    }
+    states.push_back(slot);
+    offsets.push_back(gradients[k].storage_offset() - input.storage_offset());
+  }
   const auto options = input.options();
   at::Tensor input_copy;
   if (s.use_error_feedback_) {
-    if (bs->error.defined() && bs->error.numel() == input.numel()) {
-      input.add_(bs->error);
-    } else {
-      bs->error = at::zeros({input.numel()}, options);
+    const bool any = std::any_of(states.begin(), states.end(),
+                                 [](const auto& st) { return st->error.defined(); });
+    if (any) {  // the bucket's error, as PyTorch keeps it flat
+      at::Tensor error = at::zeros({input.numel()}, options);
+      for (size_t k = 0; k < states.size(); ++k) {
+        if (states[k]->error.defined())
+          error.narrow(0, offsets[k], gradients[k].numel()).copy_(states[k]->error.reshape({-1}));
+      }
+      input.add_(error);
     }
     input_copy = input.detach().clone();
   }
 
   // Split: matrices worth compressing, and the rest.
-  std::vector<at::Tensor> gradients = bucket.gradients();
-  std::vector<at::Tensor> to_compress, uncompressed;
-  int64_t total_p = 0, total_q = 0;
-  for (const at::Tensor& g : gradients) {
+  std::vector<at::Tensor> uncompressed;
+  std::vector<std::pair<at::Tensor, size_t>> to_compress;  // matrix, index in the bucket
+  for (size_t k = 0; k < gradients.size(); ++k) {
+    const at::Tensor& g = gradients[k];
     if (g.dim() == 0) {  // no rows to view as a matrix
       uncompressed.push_back(g);
       s.numel_before_ += 1;
@@ -333,9 +390,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
     const int64_t full = n * m, compressed = (n + m) * r;
     s.numel_before_ += full;
     if (double(compressed) * s.min_compression_rate_ < double(full)) {
-      to_compress.push_back(matrix);
-      total_p += n * r;
-      total_q += m * r;
+      to_compress.emplace_back(matrix, k);
       s.numel_after_ += compressed;
     } else {
       uncompressed.push_back(g);
@@ -346,53 +401,70 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   for (const at::Tensor& t : uncompressed) flat.push_back(t.reshape({-1}));
   at::Tensor uncompressed_memory = flat.empty() ? at::empty({0}, options) : at::cat(flat);
 
-  bool randomize = false;
-  if (!s.warm_start_ || !bs->p_memory.defined() || bs->p_memory.numel() != total_p ||
-      bs->q_memory.numel() != total_q) {
-    randomize = true;
-    bs->p_memory = at::empty({total_p}, options);
-    bs->q_memory = at::empty({total_q}, options);
-  }
-
   // Matrices grouped by shape, in order of each shape's first appearance (Python's dict),
   // one at a time or stacked per shape.
-  std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_shape;
-  for (const at::Tensor& t : to_compress) {
-    const std::vector<int64_t> shape = t.sizes().vec();
+  std::vector<std::pair<std::vector<int64_t>, std::vector<size_t>>> by_shape;
+  for (size_t c = 0; c < to_compress.size(); ++c) {
+    const std::vector<int64_t> shape = to_compress[c].first.sizes().vec();
     auto it = std::find_if(by_shape.begin(), by_shape.end(),
                            [&](const auto& entry) { return entry.first == shape; });
     if (it == by_shape.end()) {
-      by_shape.emplace_back(shape, std::vector<at::Tensor>{t});
+      by_shape.emplace_back(shape, std::vector<size_t>{c});
     } else {
-      it->second.push_back(t);
+      it->second.push_back(c);
     }
   }
-  struct Batch {
-    at::Tensor matrices;                // [B, n, m]: views of the bucket, or a stacked copy
-    std::vector<at::Tensor> originals;  // when stacked: where to copy the result back
-    at::Tensor p, q;                    // views of the P and Q memories
-  };
   std::vector<Batch> batches;
-  for (auto& [shape, tensors] : by_shape) {
-    if (s.batch_tensors_with_same_shape_ && tensors.size() > 1) {
-      batches.push_back(Batch{at::stack(tensors), tensors, {}, {}});
+  for (auto& entry : by_shape) {
+    const std::vector<size_t>& members = entry.second;
+    auto state_of = [&](size_t c) { return states[to_compress[c].second]; };
+    if (s.batch_tensors_with_same_shape_ && members.size() > 1) {
+      Batch b;
+      std::vector<at::Tensor> tensors;
+      for (size_t c : members) {
+        tensors.push_back(to_compress[c].first);
+        b.states.push_back(state_of(c));
+      }
+      b.matrices = at::stack(tensors);
+      b.originals = tensors;
+      batches.push_back(std::move(b));
     } else {
-      for (const at::Tensor& t : tensors) batches.push_back(Batch{t.unsqueeze(0), {}, {}, {}});
+      for (size_t c : members) {
+        Batch b;
+        b.matrices = to_compress[c].first.unsqueeze(0);
+        b.states.push_back(state_of(c));
+        batches.push_back(std::move(b));
+      }
     }
   }
+  int64_t total_p = 0, total_q = 0;
+  for (const Batch& b : batches) {
+    const int64_t count = b.matrices.size(0), n = b.matrices.size(1), m = b.matrices.size(2);
+    const int64_t r = std::min({n, m, s.matrix_approximation_rank_});
+    total_p += count * n * r;
+    total_q += count * m * r;
+  }
+  at::Tensor p_memory = at::empty({total_p}, options);
+  at::Tensor q_memory = at::empty({total_q}, options);
+  bool randomize = !s.warm_start_;
   int64_t p_at = 0, q_at = 0;
   for (Batch& b : batches) {
     const int64_t count = b.matrices.size(0), n = b.matrices.size(1), m = b.matrices.size(2);
     const int64_t r = std::min({n, m, s.matrix_approximation_rank_});
-    b.p = bs->p_memory.narrow(0, p_at, count * n * r).view({count, n, r});
-    b.q = bs->q_memory.narrow(0, q_at, count * m * r).view({count, m, r});
+    b.p = p_memory.narrow(0, p_at, count * n * r).view({count, n, r});
+    b.q = q_memory.narrow(0, q_at, count * m * r).view({count, m, r});
     p_at += count * n * r;
     q_at += count * m * r;
+    for (const auto& st : b.states)
+      if (!st->q.defined() || st->q.numel() != m * r) randomize = true;
   }
 
   const double epsilon = s.orthogonalization_epsilon_;
   if (!randomize) {
-    for (Batch& b : batches) orthogonalize(b.q, epsilon);
+    for (Batch& b : batches) {
+      for (size_t i = 0; i < b.states.size(); ++i) b.q[int64_t(i)].copy_(b.states[i]->q);
+      orthogonalize(b.q, epsilon);
+    }
   } else {
     // torch.manual_seed(state.rng.randint(1_000_000_000)), then torch.randn on the CPU.
     if (!s.rng_) s.rng_.emplace(static_cast<uint32_t>(s.random_seed_));
@@ -412,7 +484,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   // P is back.
   std::vector<at::Tensor> u_tensors{uncompressed_memory};
   Work u_work = pg.all_reduce_async(u_tensors, ReduceOp::SUM);
-  std::vector<at::Tensor> p_tensors{bs->p_memory};
+  std::vector<at::Tensor> p_tensors{p_memory};
   Work p_work = pg.all_reduce_async(p_tensors, ReduceOp::SUM);
   u_work.wait();
   {
@@ -428,14 +500,14 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
     orthogonalize(b.p, epsilon);
     at::bmm_out(b.q, b.matrices.transpose(1, 2), b.p);
   }
-  std::vector<at::Tensor> q_tensors{bs->q_memory};
+  std::vector<at::Tensor> q_tensors{q_memory};
   Work q_work = pg.all_reduce_async(q_tensors, ReduceOp::SUM);
 
   auto state = state_;
   return q_work.future()->then(
-      [state, bs, batches, input, input_copy, world, error_feedback, warm_start,
-       last](c10::ivalue::Future&) -> c10::IValue {
-        bs->q_memory.div_(world);
+      [state, batches, states, offsets, gradients, q_memory, input, input_copy, world,
+       error_feedback, warm_start, last](c10::ivalue::Future&) -> c10::IValue {
+        q_memory.div_(world);
         for (const Batch& b : batches) {
           at::Tensor out = b.matrices;
           at::bmm_out(out, b.p, b.q.transpose(1, 2));
@@ -444,11 +516,18 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
             original.copy_(b.matrices[static_cast<int64_t>(i)]);
           }
         }
-        if (error_feedback) bs->error = input_copy - input;
         std::lock_guard<std::mutex> guard(state->mutex_);
-        if (!warm_start) {
-          bs->p_memory = at::Tensor();
-          bs->q_memory = at::Tensor();
+        if (error_feedback) {
+          const at::Tensor error = input_copy - input;
+          for (size_t k = 0; k < states.size(); ++k) {
+            states[k]->error =
+                error.narrow(0, offsets[k], gradients[k].numel()).view(gradients[k].sizes());
+          }
+        }
+        for (const Batch& b : batches) {
+          for (size_t i = 0; i < b.states.size(); ++i) {
+            b.states[i]->q = warm_start ? b.q[int64_t(i)].clone() : at::Tensor();
+          }
         }
         if (last) ++state->iter_;
         return input;

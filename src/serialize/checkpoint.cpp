@@ -3,6 +3,8 @@
 
 #include <ddp/serialize/checkpoint.h>
 
+#include <ddp/parallel/powersgd.h>
+
 #include <ddp/amp/grad_scaler.h>
 #include <ddp/parallel/fully_shard.h>
 
@@ -37,6 +39,9 @@ std::string rank_part(const Checkpoint& checkpoint) {
     part.insert("position", static_cast<int64_t>(checkpoint.sampler()->position()));
   }
   if (checkpoint.rng()) part.insert("rng", rng_state());
+  if (checkpoint.powersgd() != nullptr) {
+    part.insert("powersgd", checkpoint.powersgd()->state_dict(*checkpoint.model()));
+  }
   return pickle_string(part);
 }
 
@@ -102,6 +107,11 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
     c10::impl::GenericList rng = new_list();
     for (const auto& part : parts) rng.push_back(part.at("rng"));
     top.insert("rng", rng);
+  }
+  if (checkpoint.powersgd() != nullptr) {
+    c10::impl::GenericList states = new_list();
+    for (const auto& part : parts) states.push_back(part.at("powersgd"));
+    top.insert("powersgd", states);
   }
   if (checkpoint.grad_scaler() != nullptr) {
     // Rank 0's: the same on every rank (Note [Found-inf across ranks] in
@@ -320,6 +330,7 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   if (checkpoint.optimizer() != nullptr) require("optimizer", "optimizer");
   if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
   if (checkpoint.rng()) require("rng", "rng");
+  if (checkpoint.powersgd() != nullptr) require("powersgd", "powersgd");
 
   // Note [Validate, then apply]
   std::vector<Apply> steps;
@@ -357,6 +368,24 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
               "; the file is corrupt.");
     const size_t index = static_cast<size_t>(group.rank) % rng.size();
     steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
+  }
+  if (checkpoint.powersgd() != nullptr) {
+    const c10::IValue value = get(top, "powersgd", "the file", where);
+    DDP_CHECK(value.isList() && static_cast<int64_t>(value.toList().size()) == world_size, where,
+              ": 'powersgd' should be a list with one entry per rank (", world_size,
+              "); the file is corrupt.");
+    DDP_CHECK(world_size == group.size, where, ": the PowerSGD state was saved by ", world_size,
+              " ranks and is loaded by ", group.size,
+              "; its error feedback is each rank's own. Resume with ", world_size,
+              " ranks, or load without Checkpoint::powersgd (compression then starts afresh).");
+    // Validated on a copy (load_state_dict throws before it changes anything); applied
+    // with the rest.
+    auto staged = std::make_shared<PowerSGDState>(*checkpoint.powersgd());
+    staged->load_state_dict(as_dict(value.toList().get(static_cast<size_t>(group.rank)),
+                                    "'powersgd'", where),
+                            *checkpoint.model());
+    PowerSGDState* target = checkpoint.powersgd();
+    steps.push_back([staged, target] { *target = *staged; });
   }
   for (const Apply& apply : steps) apply();
   checkpoint.epoch(epoch).step(step).extra(extra);

@@ -7,6 +7,7 @@
 #include "support/util.h"
 
 #include <ddp/parallel/powersgd.h>
+#include <ddp/serialize/checkpoint.h>
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -226,58 +227,152 @@ TEST(PowerSGDTest, LowRankCompressesAndCounts) {
   EXPECT_EQ(stats[2], iters * ((64 + 32) + 64 + (64 + 64) + 64 + (8 + 64) + 8));
 }
 
-// state_dict() after k steps, loaded into a fresh state, continues exactly as the state
-// object itself does. Both continuations run under a new DDP (as a resumed job does), so
-// that both start from DDP's initial bucket layout: a state saved under the layout DDP
-// rebuilt after its first iteration is then applied to the same buckets either way.
-TEST(PowerSGDTest, StateDictRoundTripsExactly) {
+// Trains the MLP at 2 ranks from `from` to `to` under a new DDP with `state`.
+void continue_training(ddp::ProcessGroup& pg, torch::nn::Sequential& model,
+                       const std::shared_ptr<ddp::PowerSGDState>& state, const Data& d, int from,
+                       int to) {
+  auto dmodel = ddp::DistributedDataParallel(model, ddp_test::options_for(pg));
+  dmodel->register_comm_hook(ddp::powersgd_hook(state));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+  const int r = pg.rank();
+  for (int s = from; s < to; ++s) {
+    opt.zero_grad();
+    auto xs = d.x[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+    auto ys = d.y[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+    ddp_test::mse(dmodel(xs), ys).backward();
+    opt.step();
+  }
+}
+
+std::shared_ptr<ddp::PowerSGDState> make_state(bool warm_start, bool error_feedback) {
+  return std::make_shared<ddp::PowerSGDState>(ddp::PowerSGDState()
+                                                  .matrix_approximation_rank(2)
+                                                  .start_powerSGD_iter(2)
+                                                  .use_error_feedback(error_feedback)
+                                                  .warm_start(warm_start));
+}
+
+// A job stopped after k steps and resumed from state_dict() and the weights, under a new
+// DDP (which starts from its initial bucket layout again), ends bit for bit where the
+// uninterrupted job ends: Note [PowerSGD's state per parameter].
+TEST(PowerSGDTest, ResumesFromStateDictBitIdentically) {
   const int world = 2, steps = 10, cut = 5;
   const Data d = make_data(world, steps);
-  for (bool ef_warm : {true, false}) {
-    at::Tensor kept, reloaded;
+  for (bool error_feedback : {true, false}) {
+    at::Tensor straight, resumed;
     ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
-      const int r = pg.rank();
-      auto run_steps = [&](torch::nn::Sequential& model,
-                           const std::shared_ptr<ddp::PowerSGDState>& state, int from, int to) {
-        auto dmodel = ddp::DistributedDataParallel(model, ddp_test::options_for(pg));
-        dmodel->register_comm_hook(ddp::powersgd_hook(state));
-        torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
-        for (int s = from; s < to; ++s) {
-          opt.zero_grad();
-          auto xs = d.x[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
-          auto ys = d.y[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
-          ddp_test::mse(dmodel(xs), ys).backward();
-          opt.step();
-        }
-      };
-      auto make_state = [&] {
-        return std::make_shared<ddp::PowerSGDState>(ddp::PowerSGDState()
-                                                        .matrix_approximation_rank(2)
-                                                        .start_powerSGD_iter(2)
-                                                        .use_error_feedback(ef_warm)
-                                                        .warm_start(ef_warm));
-      };
       auto a = make_mlp();
       load_flat(*a, d.init);
-      auto state = make_state();
-      run_steps(a, state, 0, cut);
-      const auto saved = state->state_dict();
+      continue_training(pg, a, make_state(true, error_feedback), d, 0, steps);
+
       auto b = make_mlp();
-      load_flat(*b, flat(*a));
-      auto fresh = make_state();
-      fresh->load_state_dict(saved);
-      EXPECT_EQ(fresh->iter(), cut);
-      run_steps(a, state, cut, steps);
-      run_steps(b, fresh, cut, steps);
-      if (r == 0) {
-        kept = flat(*a).clone();
-        reloaded = flat(*b).clone();
+      load_flat(*b, d.init);
+      auto first = make_state(true, error_feedback);
+      continue_training(pg, b, first, d, 0, cut);
+      const auto saved = first->state_dict(*b);
+      auto c = make_mlp();  // the resumed process: a new model, state and DDP
+      load_flat(*c, flat(*b));
+      auto second = make_state(true, error_feedback);
+      second->load_state_dict(saved, *c);
+      EXPECT_EQ(second->iter(), cut);
+      continue_training(pg, c, second, d, cut, steps);
+      if (pg.rank() == 0) {
+        straight = flat(*a).clone();
+        resumed = flat(*c).clone();
       }
     });
-    EXPECT_TRUE(at::equal(kept, reloaded))
-        << "ef_warm " << ef_warm << ": differs by " << (kept - reloaded).abs().max().item<double>();
-    EXPECT_GT((kept - d.init).abs().max().item<double>(), 1e-2);
+    EXPECT_TRUE(at::equal(straight, resumed))
+        << "error feedback " << error_feedback << ": differs by "
+        << (straight - resumed).abs().max().item<double>();
+    EXPECT_GT((straight - d.init).abs().max().item<double>(), 1e-2);
   }
+}
+
+// Without warm start every iteration draws new random Qs in bucket order; state_dict()
+// still carries everything: a reloaded state continues as the state itself does.
+TEST(PowerSGDTest, StateDictRoundTripsWithoutWarmStart) {
+  const int world = 2, steps = 10, cut = 5;
+  const Data d = make_data(world, steps);
+  at::Tensor kept, reloaded;
+  ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+    auto a = make_mlp();
+    load_flat(*a, d.init);
+    auto state = make_state(false, true);
+    continue_training(pg, a, state, d, 0, cut);
+    auto b = make_mlp();
+    load_flat(*b, flat(*a));
+    auto fresh = make_state(false, true);
+    fresh->load_state_dict(state->state_dict(*a), *b);
+    continue_training(pg, a, state, d, cut, steps);
+    continue_training(pg, b, fresh, d, cut, steps);
+    if (pg.rank() == 0) {
+      kept = flat(*a).clone();
+      reloaded = flat(*b).clone();
+    }
+  });
+  EXPECT_TRUE(at::equal(kept, reloaded)) << (kept - reloaded).abs().max().item<double>();
+}
+
+// The same through ddp::save_checkpoint / load_checkpoint (Checkpoint::powersgd), with
+// each rank's error in the file; and a load by another number of ranks is refused.
+TEST(PowerSGDTest, ResumesFromACheckpointBitIdentically) {
+  const int world = 2, steps = 10, cut = 5;
+  const Data d = make_data(world, steps);
+  ddp_test::TempDir dir;
+  const std::string path = dir.file("ckpt.pt");
+  at::Tensor straight, resumed;
+  ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+    auto a = make_mlp();
+    load_flat(*a, d.init);
+    continue_training(pg, a, make_state(true, true), d, 0, steps);
+
+    auto b = make_mlp();
+    load_flat(*b, d.init);
+    auto first = make_state(true, true);
+    continue_training(pg, b, first, d, 0, cut);
+    ddp::save_checkpoint(path, ddp::Checkpoint(*b)
+                                   .powersgd(first.get())
+                                   .rng(false)
+                                   .step(cut)
+                                   .process_group(ddp_test::borrow(pg)));
+    auto c = make_mlp();
+    auto second = make_state(true, true);
+    ddp::Checkpoint ckpt(*c);
+    ckpt.powersgd(second.get()).rng(false).process_group(ddp_test::borrow(pg));
+    ddp::load_checkpoint(path, ckpt);
+    EXPECT_EQ(second->iter(), cut);
+    continue_training(pg, c, second, d, cut, steps);
+    if (pg.rank() == 0) {
+      straight = flat(*a).clone();
+      resumed = flat(*c).clone();
+    }
+  });
+  EXPECT_TRUE(at::equal(straight, resumed)) << (straight - resumed).abs().max().item<double>();
+  // One process cannot take two ranks' error feedback.
+  auto lone = make_mlp();
+  auto state = make_state(true, true);
+  ddp::Checkpoint ckpt(*lone);
+  ckpt.powersgd(state.get()).rng(false);
+  EXPECT_PRED2(contains, ddp_test::error_of([&] { ddp::load_checkpoint(path, ckpt); }),
+               "the PowerSGD state was saved by 2 ranks and is loaded by 1");
+  EXPECT_EQ(state->iter(), 0);  // nothing changed
+}
+
+TEST(PowerSGDTest, LoadStateDictRefusesAnotherModelOrRank) {
+  ddp::PowerSGDState state = ddp::PowerSGDState().matrix_approximation_rank(2);
+  auto model = make_mlp();
+  auto saved = state.state_dict(*model);
+  saved.insert("q.0.weight", at::zeros({32, 3}));  // rank 3's shape
+  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(saved, *model); }),
+               "expected [32, 2] for matrix_approximation_rank 2");
+  auto other = state.state_dict(*model);
+  other.insert("error.9.weight", at::zeros({4}));
+  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(other, *model); }),
+               "names a parameter '9.weight' that the model lacks");
+  auto partial = state.state_dict(*model);
+  ASSERT_EQ(partial.erase("rng"), 1u);
+  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(partial, *model); }),
+               "no 'rng'");
 }
 
 class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {};

@@ -37,10 +37,15 @@
 #include <string>
 #include <vector>
 
-namespace ddp {
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
 
+namespace ddp {
 namespace detail {
-struct PowerSGDBucketState;
+struct PowerSGDParamState;
 
 /// numpy.random.RandomState(seed).randint(high) (the legacy Mersenne Twister and its
 /// masked rejection sampling), the generator PyTorch's PowerSGD draws its seeds from.
@@ -102,12 +107,17 @@ class PowerSGDState {
   /// numel_before / numel_after, or 0 before compression started.
   double compression_rate() const;
 
-  /// The state a resumed run needs: iter, the generator's position, and per bucket the
-  /// error and the P and Q memories (tensors on the CPU), as a dict of plain values.
-  c10::impl::GenericDict state_dict() const;
-  /// Restores state_dict(); the hyperparameters stay this object's. Throws on a dict
-  /// that was not written by state_dict(), naming the key.
-  void load_state_dict(const c10::impl::GenericDict& state);
+  /// The state a resumed run needs, as a dict of plain values (tensors on the CPU):
+  /// iter, the compression counts, the generator's position, and per parameter of
+  /// `model` (by its state-dict name) this rank's error and the warm-started Q. Kept per
+  /// parameter, not per bucket, so that it applies whatever bucket layout DDP has when
+  /// the run resumes (Note [PowerSGD's state per parameter]). The error is this rank's
+  /// own: ddp::save_checkpoint keeps one entry per rank (Checkpoint::powersgd).
+  c10::impl::GenericDict state_dict(const torch::nn::Module& model) const;
+  /// Restores state_dict(model); the hyperparameters stay this object's. Throws on a
+  /// dict that was not written by state_dict(), or names a parameter `model` lacks, or
+  /// holds a tensor of the wrong size, naming the key; nothing is changed then.
+  void load_state_dict(const c10::impl::GenericDict& state, const torch::nn::Module& model);
 
   /// Checks the hyperparameters; throws an error naming the bad one. Called by
   /// powersgd_hook.
@@ -120,7 +130,8 @@ class PowerSGDState {
   int64_t numel_before_ = 0;
   int64_t numel_after_ = 0;
   std::optional<detail::NumpyRandomState> rng_;  // seeded from random_seed at first use
-  std::map<size_t, std::shared_ptr<detail::PowerSGDBucketState>> buckets_;
+  // Keyed by the parameter's TensorImpl; holds the parameter, so the key stays valid.
+  std::map<const void*, std::shared_ptr<detail::PowerSGDParamState>> params_;
 };
 
 /// The PowerSGD comm hook over `state` (PyTorch's powerSGD_hook). Register it with

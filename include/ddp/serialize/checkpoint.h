@@ -29,6 +29,7 @@
 //                "positions" (indices handed out, per rank)
 //   "rng":       per rank, {"cpu": torch.get_rng_state(), "cuda": [per-device states]}
 //   "scaler":    GradScaler.state_dict() (Python's keys), when a grad scaler is set
+//   "powersgd":  per rank, PowerSGDState::state_dict(model), when a PowerSGD state is set
 //   "extra":     the caller's own values
 
 #include <ddp/distributed/process_group.h>
@@ -63,6 +64,7 @@ class GradScaler;
 }  // namespace amp
 
 class ZeroRedundancyOptimizer;
+class PowerSGDState;
 namespace detail {
 class ShardedOptimizerState;
 }  // namespace detail
@@ -116,6 +118,15 @@ struct Checkpoint {
     return *this;
   }
   amp::GradScaler* grad_scaler() const { return grad_scaler_; }
+  /// The state of a PowerSGD comm hook (ddp::powersgd_hook): iter, its generator and,
+  /// per parameter, each rank's error feedback and the warm-started Q, saved per rank,
+  /// so that a resumed run compresses bit-identically. nullptr: none. Loading needs the
+  /// world size it was saved with (the error is each rank's own).
+  Checkpoint& powersgd(PowerSGDState* state) {
+    powersgd_ = state;
+    return *this;
+  }
+  PowerSGDState* powersgd() const { return powersgd_; }
   /// The group to synchronise with (as DistributedDataParallelOptions::process_group);
   /// nullptr: the default group if initialised, else this process alone.
   Checkpoint& process_group(std::shared_ptr<ProcessGroup> group) {
@@ -143,6 +154,7 @@ struct Checkpoint {
   torch::optim::Optimizer* optimizer_ = nullptr;
   DistributedSampler* sampler_ = nullptr;
   amp::GradScaler* grad_scaler_ = nullptr;
+  PowerSGDState* powersgd_ = nullptr;
   std::shared_ptr<ProcessGroup> process_group_;
   std::shared_ptr<detail::ShardedOptimizerState> sharded_optimizer_;
 };

@@ -85,6 +85,7 @@ struct Bucket {
   size_t pending = 0;                              // parameters not yet ready this iteration
   c10::intrusive_ptr<c10::ivalue::Future> future;  // reduction in flight, or null
   std::shared_ptr<BucketTiming> timing = std::make_shared<BucketTiming>();
+  int64_t bytes_sent = 0;  // this launch's: what its collectives were given
 
   int64_t bytes() const { return numel * static_cast<int64_t>(options.dtype().itemsize()); }
 };

@@ -31,6 +31,11 @@ std::vector<at::Tensor> GradBucket::gradients() const {
   return out;
 }
 
+int64_t GradBucket::bytes_sent() const {
+  return bytes_sent_ >= 0 ? bytes_sent_
+                          : buffer_.numel() * static_cast<int64_t>(buffer_.element_size());
+}
+
 namespace {
 
 class FunctionHook final : public CommHook {
@@ -59,6 +64,7 @@ c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
   ProcessGroup& pg = bucket.process_group();
   at::Tensor compressed = bucket.buffer().to(wire).div_(pg.size());
   std::vector<at::Tensor> tensors{transport ? compressed.to(*transport) : compressed};
+  bucket.set_bytes_sent(tensors[0].numel() * static_cast<int64_t>(tensors[0].element_size()));
   auto future = pg.all_reduce_async(tensors, ReduceOp::SUM).future();
   at::Tensor buffer = bucket.buffer();
   return future->then(

@@ -336,7 +336,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
     if (last) ++s.iter_;
     lock.unlock();
     input.div_(world);
-    std::vector<at::Tensor> tensors{input};
+    std::vector<at::Tensor> tensors{input};  // bytes sent: the buffer's, the default
     return pg.all_reduce_async(tensors, ReduceOp::SUM)
         .future()
         ->then([input](c10::ivalue::Future&) -> c10::IValue { return input; },
@@ -480,6 +480,8 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   const bool warm_start = s.warm_start_;
   lock.unlock();
 
+  bucket.set_bytes_sent((uncompressed_memory.numel() + total_p + total_q) *
+                        static_cast<int64_t>(input.element_size()));
   // Note [PowerSGD's order of collectives]: the uncompressed tensors and P now, Q after
   // P is back.
   std::vector<at::Tensor> u_tensors{uncompressed_memory};

@@ -351,6 +351,7 @@ void Reducer::launch(size_t b) {
   // Note [Device time]: on a GPU, after the gradients of the bucket on their stream.
   timing->start = DeviceEvent::record(device);
   bucket.timing = timing;
+  bucket.bytes_sent = bucket.bytes();  // a comm hook may say otherwise (reduce_async)
   auto future = bucket.in_place ? reduce_in_place_async(in_place_inputs(bucket))
                                 : reduce_async(b, bucket.buffer);
   future->addCallback([timing, device](c10::ivalue::Future&) {
@@ -375,6 +376,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Reducer::reduce_async(size_t b, at::Tens
     GradBucket grad_bucket(b, buckets_.size(), std::move(buffer), std::move(params), bucket.offsets,
                            *pg_);
     future = comm_hook_->run_hook(grad_bucket);
+    buckets_[b].bytes_sent = grad_bucket.bytes_sent();
   }
   DDP_CHECK(future, "DistributedDataParallel", where(), ": comm hook '", comm_hook_->name(),
             "' returned a null future for bucket ", b,

@@ -201,6 +201,8 @@ void Reducer::wait_for_buckets(IterationStats& stats, const std::vector<int>* us
     // On a device this is only known later: resolve_device_times().
     const double ms = bucket.timing->start ? 0 : bucket.timing->reduction_ms(now);
     stats.bucket_bytes.push_back(bucket.bytes());
+    stats.bucket_bytes_sent.push_back(bucket.bytes_sent);
+    stats.bytes_sent += bucket.bytes_sent;
     stats.bucket_allreduce_ms.push_back(ms);
     stats.allreduce_total_ms += ms;
     if (use != nullptr) write_back(bucket, *use);

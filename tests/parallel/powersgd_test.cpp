@@ -252,6 +252,30 @@ std::shared_ptr<ddp::PowerSGDState> make_state(bool warm_start, bool error_feedb
                                                   .warm_start(warm_start));
 }
 
+// IterationStats::bytes_sent: the whole buffer before start_powerSGD_iter, then the
+// uncompressed tensors and the factors: (n + m) r per matrix, in float32.
+TEST(PowerSGDTest, IterationStatsCountTheBytesSent) {
+  const int world = 2, steps = 3;
+  const Data d = make_data(world, steps);
+  std::vector<int64_t> sent;
+  ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+    auto model = make_mlp();
+    load_flat(*model, d.init);
+    auto dmodel = ddp::DistributedDataParallel(model, ddp_test::options_for(pg));
+    dmodel->register_comm_hook(ddp::powersgd_hook(make_state(true, true)));
+    const int r = pg.rank();
+    for (int s = 0; s < steps; ++s) {
+      auto xs = d.x[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+      auto ys = d.y[s].slice(0, r * kPerRank, (r + 1) * kPerRank);
+      ddp_test::mse(dmodel(xs), ys).backward();
+      if (r == 0) sent.push_back(dmodel->last_iteration_stats().bytes_sent);
+    }
+  });
+  const int64_t full = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 8 + 8;
+  const int64_t rank2 = (64 + 32) * 2 + 64 + (64 + 64) * 2 + 64 + (8 + 64) * 2 + 8;
+  EXPECT_EQ(sent, (std::vector<int64_t>{4 * full, 4 * full, 4 * rank2}));
+}
+
 // A job stopped after k steps and resumed from state_dict() and the weights, under a new
 // DDP (which starts from its initial bucket layout again), ends bit for bit where the
 // uninterrupted job ends: Note [PowerSGD's state per parameter].

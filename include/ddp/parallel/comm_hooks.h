@@ -49,6 +49,11 @@ class GradBucket {
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   /// The group DDP reduces over.
   ProcessGroup& process_group() const { return *process_group_; }
+  /// What the hook's collectives are given for this bucket, in bytes, for
+  /// IterationStats::bytes_sent; a hook that compresses says so here. Unset: the
+  /// buffer's size.
+  void set_bytes_sent(int64_t bytes) { bytes_sent_ = bytes; }
+  int64_t bytes_sent() const;
 
  private:
   size_t index_;
@@ -57,6 +62,7 @@ class GradBucket {
   std::vector<at::Tensor> parameters_;
   std::vector<int64_t> offsets_;
   ProcessGroup* process_group_;
+  int64_t bytes_sent_ = -1;
 };
 
 /// A communication hook: reduces one bucket. The returned future must complete with

@@ -46,6 +46,13 @@ struct IterationStats {
   double allreduce_total_ms = 0;
   /// Per bucket, in launch order: its flat buffer's size in bytes.
   std::vector<int64_t> bucket_bytes;
+  /// What this rank's collectives were given for the buckets, in bytes: the buckets'
+  /// sizes with the default hook, less with a compressing one (fp16/bf16: half; PowerSGD:
+  /// the uncompressed tensors and the P and Q factors). What crosses the wire per rank
+  /// is this times the algorithm's factor (2(n-1)/n for a ring all-reduce).
+  int64_t bytes_sent = 0;
+  /// Per bucket, in launch order: its share of bytes_sent.
+  std::vector<int64_t> bucket_bytes_sent;
   /// Per bucket, in launch order: launch -> completion of its reduction.
   std::vector<double> bucket_allreduce_ms;
 };

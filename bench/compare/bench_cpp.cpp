@@ -14,7 +14,9 @@
 
 #include "models.h"
 
+#include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/powersgd.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/parallel/trace.h>
 
@@ -53,6 +55,7 @@ struct Args {
   std::string trace;
   std::string out;
   std::string backend;  // empty: the library's choice (shared memory on one host)
+  std::string hook = "none";  // none, fp16, bf16, powersgd<r> (start_powerSGD_iter 2)
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -61,7 +64,8 @@ struct Args {
                "       [--iters 50] [--bucket-cap-mb 25] [--gradient-as-bucket-view 0]\n"
                "       [--lr 0.01] [--set-to-none 1]\n"
                "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n"
-               "       [--backend gloo|shm]  (default: the library's choice)\n";
+               "       [--backend gloo|shm]  (default: the library's choice)\n"
+               "       [--hook none|fp16|bf16|powersgd<rank>]  (PowerSGD from iteration 2)\n";
   std::exit(2);
 }
 
@@ -99,12 +103,18 @@ Args parse(int argc, char** argv) {
       a.out = v;
     else if (flag == "--backend")
       a.backend = v;
+    else if (flag == "--hook")
+      a.hook = v;
     else
       usage("unknown flag " + flag);
   }
   if (a.model.empty() || a.out.empty()) usage("--model and --out are required");
   if (a.iters < 1) usage("--iters must be >= 1");
   if (a.block < 1) usage("--block must be >= 1");
+  if (a.hook != "none" && a.hook != "fp16" && a.hook != "bf16" &&
+      !(a.hook.rfind("powersgd", 0) == 0 && a.hook.size() > 8 &&
+        a.hook.find_first_not_of("0123456789", 8) == std::string::npos))
+    usage("--hook must be none, fp16, bf16 or powersgd<rank> (e.g. powersgd4), got " + a.hook);
   return a;
 }
 
@@ -135,7 +145,7 @@ std::string stats_json(const ddp::IterationStats& s) {
     << ",\"launched_before_end\":" << s.buckets_launched_before_end
     << ",\"done_before_end\":" << s.buckets_done_before_end << ",\"backward_ms\":" << s.backward_ms
     << ",\"wait_ms\":" << s.wait_ms << ",\"allreduce_total_ms\":" << s.allreduce_total_ms
-    << ",\"bucket_bytes\":" << json_list(s.bucket_bytes)
+    << ",\"bucket_bytes\":" << json_list(s.bucket_bytes) << ",\"bytes_sent\":" << s.bytes_sent
     << ",\"bucket_ms\":" << json_list(s.bucket_allreduce_ms) << "}";
   return o.str();
 }
@@ -219,6 +229,19 @@ int run(const Args& args) {
                      .gradient_as_bucket_view(args.gradient_as_bucket_view);
   if (!args.trace.empty()) options.trace_path(args.trace);
   if (args.ddp) dmodel = DDP(model, options);
+  if (args.ddp && args.hook != "none") {
+    TORCH_CHECK(!args.with_plain, "--hook needs --with-plain 0");
+    if (args.hook == "fp16") {
+      dmodel->register_comm_hook(ddp::comm_hooks::fp16_compress_hook());
+    } else if (args.hook == "bf16") {
+      dmodel->register_comm_hook(ddp::comm_hooks::bf16_compress_hook());
+    } else {
+      dmodel->register_comm_hook(ddp::powersgd_hook(std::make_shared<ddp::PowerSGDState>(
+          ddp::PowerSGDState()
+              .matrix_approximation_rank(std::stoll(args.hook.substr(8)))
+              .start_powerSGD_iter(2))));
+    }
+  }
   std::filesystem::create_directories(args.out);
   auto data = bench::batches(args.model, rank);
 

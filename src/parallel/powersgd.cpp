@@ -321,6 +321,10 @@ class PowerSGDHook final : public CommHook {
 
  private:
   std::shared_ptr<PowerSGDState> state_;
+  // Per bucket, the gradients before compression, kept between iterations: a fresh
+  // buffer each time would cost the kernel's page zeroing on every iteration. Only
+  // run_hook touches it, on the backward thread, before DDP waits for the bucket.
+  std::map<size_t, at::Tensor> scratch_;
 };
 
 c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucket) {
@@ -360,17 +364,21 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   const auto options = input.options();
   at::Tensor input_copy;
   if (s.use_error_feedback_) {
-    const bool any = std::any_of(states.begin(), states.end(),
-                                 [](const auto& st) { return st->error.defined(); });
-    if (any) {  // the bucket's error, as PyTorch keeps it flat
-      at::Tensor error = at::zeros({input.numel()}, options);
-      for (size_t k = 0; k < states.size(); ++k) {
-        if (states[k]->error.defined())
-          error.narrow(0, offsets[k], gradients[k].numel()).copy_(states[k]->error.reshape({-1}));
-      }
-      input.add_(error);
+    // PyTorch adds the bucket's flat error to the flat buffer; per parameter it is the
+    // same additions, element for element, in one pass.
+    for (size_t k = 0; k < states.size(); ++k) {
+      if (states[k]->error.defined()) gradients[k].add_(states[k]->error);
     }
-    input_copy = input.detach().clone();
+    // Kept between iterations (not in state_dict): a fresh buffer each time would cost
+    // the kernel's page zeroing on every iteration.
+    at::Tensor& scratch = scratch_[bucket.index()];
+    if (!scratch.defined() || scratch.numel() != input.numel() ||
+        scratch.options().dtype() != input.options().dtype() ||
+        scratch.device() != input.device()) {
+      scratch = at::empty_like(input);
+    }
+    scratch.copy_(input);
+    input_copy = scratch;
   }
 
   // Split: matrices worth compressing, and the rest.
@@ -520,10 +528,16 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
         }
         std::lock_guard<std::mutex> guard(state->mutex_);
         if (error_feedback) {
-          const at::Tensor error = input_copy - input;
+          // Into each parameter's own error tensor, reused from the last iteration.
           for (size_t k = 0; k < states.size(); ++k) {
-            states[k]->error =
-                error.narrow(0, offsets[k], gradients[k].numel()).view(gradients[k].sizes());
+            const at::Tensor before =
+                input_copy.narrow(0, offsets[k], gradients[k].numel()).view(gradients[k].sizes());
+            at::Tensor& error = states[k]->error;
+            if (!error.defined() || !error.sizes().equals(gradients[k].sizes()) ||
+                error.scalar_type() != gradients[k].scalar_type()) {
+              error = at::empty_like(gradients[k], at::MemoryFormat::Contiguous);
+            }
+            at::sub_out(error, before, gradients[k]);
           }
         }
         for (const Batch& b : batches) {

@@ -54,7 +54,7 @@ struct Args {
   int block = 5;
   std::string trace;
   std::string out;
-  std::string backend;  // empty: the library's choice (shared memory on one host)
+  std::string backend;        // empty: the library's choice (shared memory on one host)
   std::string hook = "none";  // none, fp16, bf16, powersgd<r> (start_powerSGD_iter 2)
 };
 

@@ -20,6 +20,12 @@
       The GPU path on a CPU: 2 ranks with DDP_DEVICE_STANDIN=1 (NCCL's rules on a
       stand-in device) train 1 epoch with --sync-bn and must end normally.
 
+  check_examples.py metrics-window DDPRUN FASHION_MNIST WORKDIR
+      A kill between an epoch's metrics record and its checkpoint loses nothing: after 2
+      epochs, the second epoch's checkpoint is removed (and `latest` with it), which is
+      the state such a kill leaves; --resume then redoes epoch 2 and ends with the records
+      and the model of an uninterrupted 2-epoch run.
+
   check_examples.py minimal DDPRUN MINIMAL
       examples/minimal.cpp under ddprun with 2 ranks: exits 0, rank 0 alone prints its
       loss, and the loss falls.
@@ -127,6 +133,57 @@ def read_metrics(path):
         if sorted(r) != sorted(keys):
             fail(f"{path}: record {r} has keys {sorted(r)}, expected {sorted(keys)}")
     return records
+
+
+def cmd_metrics_window(ddprun, binary, work):
+    import torch
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    base = [ddprun, "--nproc-per-node", "2", "--", binary, "--epochs", "2", "--train-samples",
+            str(TRAIN_SAMPLES), "--test-samples", str(TEST_SAMPLES), "--batch-size", "32",
+            "--lr", str(LR), "--threads", "1", "--run-dir", work, "--progress", "none"]
+    for name in ("straight", "killed"):
+        code, out = run(base + ["--name", name], timeout=200)
+        if code != 0:
+            fail(f"{name}: exit code {code}, expected 0", out)
+    killed = os.path.join(work, "killed")
+    ckpts = os.path.join(killed, "checkpoints")
+    files = sorted((f for f in os.listdir(ckpts) if f.endswith(".pt")),
+                   key=lambda f: int(f.split("-")[1].split(".")[0]))
+    if len(files) != 2:
+        fail(f"expected one checkpoint per epoch, found {files}")
+    # The order itself: the record first, then the checkpoint. (The other way round, a
+    # kill between them left a checkpoint saying epoch 2 was done and no record of it.)
+    metrics_time = os.stat(os.path.join(killed, "metrics.jsonl")).st_mtime_ns
+    ckpt_time = os.stat(os.path.join(ckpts, files[-1])).st_mtime_ns
+    if metrics_time > ckpt_time:
+        fail(f"metrics.jsonl was written {(metrics_time - ckpt_time) / 1e6:.1f} ms after epoch "
+             "2's checkpoint: a kill between them loses the record")
+    # The state a kill leaves between epoch 2's record and its checkpoint: the record is
+    # written, the checkpoint is not, `latest` still names epoch 1's.
+    os.remove(os.path.join(ckpts, files[-1]))
+    with open(os.path.join(ckpts, "latest"), "w") as f:
+        f.write(files[0] + "\n")
+    if [m["epoch"] for m in read_metrics(os.path.join(killed, "metrics.jsonl"))] != [1, 2]:
+        fail("the metrics record of epoch 2 should be written before its checkpoint")
+    code, out = run(base + ["--name", "killed", "--resume"], timeout=200)
+    if code != 0 or "resuming from" not in out:
+        fail(f"--resume: exit code {code}, expected 0 and 'resuming from'", out)
+    straight = read_metrics(os.path.join(work, "straight", "metrics.jsonl"))
+    resumed = read_metrics(os.path.join(killed, "metrics.jsonl"))
+    if [m["epoch"] for m in resumed] != [1, 2]:
+        fail(f"after --resume: records of epochs {[m['epoch'] for m in resumed]}, expected "
+             "[1, 2] (none lost, none twice)", out)
+    for a, b in zip(straight, resumed):
+        for key in ("train_loss", "test_accuracy"):
+            if abs(a[key] - b[key]) > 1e-6 * max(1.0, abs(a[key])):
+                fail(f"epoch {a['epoch']}: {key} {b[key]} after the resume, {a[key]} straight")
+    m1 = torch.load(os.path.join(work, "straight", "model.pt"), weights_only=True)
+    m2 = torch.load(os.path.join(killed, "model.pt"), weights_only=True)
+    for k in m1:
+        if not torch.equal(m1[k], m2[k]):
+            fail(f"model.pt after the resume differs from the uninterrupted run's at {k}")
+    print("OK: a kill between epoch 2's record and its checkpoint loses nothing")
 
 
 def cmd_run(ddprun, binary, work):
@@ -424,6 +481,8 @@ if __name__ == "__main__":
         cmd_run(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "amp":
         cmd_amp(*sys.argv[2:])
+    elif len(sys.argv) == 5 and sys.argv[1] == "metrics-window":
+        cmd_metrics_window(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "standin":
         cmd_standin(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "minimal":

@@ -19,6 +19,8 @@
 
 #include "distributed/comm.h"
 
+#include "bench_args.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -111,59 +113,25 @@ constexpr const char* kUsage =
     "            (default 4096 and 67108864); sizes double from MIN to MAX\n"
     "  busy      one compute thread per rank for the whole measurement\n";
 
-// Under a launcher every rank parses the same arguments: rank 0 alone prints the help or
-// the error, so that it is said once; every rank exits with the same code.
-bool speaks() {
-  const char* rank = std::getenv("RANK");
-  return rank == nullptr || std::string(rank) == "0";
-}
-
-// A size argument: a positive multiple of 4 bytes (whole float32 values), or exit 2 with
-// what was expected and what was seen.
-int64_t parse_size(const char* what, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v <= 0 || v % 4 != 0) {
-    if (speaks())
-      std::fprintf(stderr,
-                   "bench_allreduce: %s must be a positive number of bytes divisible by 4 "
-                   "(whole float32 values), got '%s'\n%s",
-                   what, text.c_str(), kUsage);
-    std::exit(2);
-  }
-  return v;
-}
-
 int main(int argc, char** argv) {
   int64_t min_bytes = 4 << 10, max_bytes = 64 << 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      if (speaks())
-        std::printf("All-reduce micro-benchmark: Gloo against shared memory, by message size.\n%s",
-                    kUsage);
-      return 0;
-    }
-  }
-  if (argc > 4) {
-    if (speaks())
-      std::fprintf(stderr, "bench_allreduce: at most 3 arguments, got %d\n%s", argc - 1, kUsage);
-    return 2;
-  }
-  if (argc > 1) min_bytes = parse_size("MIN", argv[1]);
-  if (argc > 2) max_bytes = parse_size("MAX", argv[2]);
+  const std::string program = "bench_allreduce";
+  bench::handle_help(argc, argv,
+                     "All-reduce micro-benchmark: Gloo against shared memory, by message size.",
+                     kUsage);
+  bench::at_most(program, argc, 3, kUsage);
+  if (argc > 1) min_bytes = bench::positive_arg(program, "MIN", argv[1], kUsage, 4);
+  if (argc > 2) max_bytes = bench::positive_arg(program, "MAX", argv[2], kUsage, 4);
   if (argc > 3 && std::string(argv[3]) != "busy") {
-    if (speaks())
-      std::fprintf(stderr, "bench_allreduce: the third argument must be 'busy', got '%s'\n%s",
-                   argv[3], kUsage);
-    return 2;
+    bench::usage_error(program,
+                       std::string("the third argument must be 'busy', got '") + argv[3] + "'",
+                       kUsage);
   }
   if (min_bytes > max_bytes) {
-    if (speaks())
-      std::fprintf(stderr, "bench_allreduce: MIN (%lld) is larger than MAX (%lld)\n%s",
-                   static_cast<long long>(min_bytes), static_cast<long long>(max_bytes), kUsage);
-    return 2;
+    bench::usage_error(program,
+                       "MIN (" + std::to_string(min_bytes) + ") is larger than MAX (" +
+                           std::to_string(max_bytes) + ")",
+                       kUsage);
   }
   const bool busy = argc > 3;
   at::set_num_threads(1);

@@ -10,6 +10,8 @@
 
 #include <ddp/distributed/process_group.h>
 
+#include "bench_args.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -67,9 +69,20 @@ PerCall per_call(ddp::ProcessGroup& pg, int iters) {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: ddprun --nproc-per-node N --no-prefix -- bench_diagnostics [ROUNDS [ITERS]]\n"
+    "  ROUNDS  interleaved rounds of the three groups (default 15)\n"
+    "  ITERS   all-reduces per group and round (default 400)\n";
+
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
-  const int iters = argc > 2 ? std::atoi(argv[2]) : 400;
+  const std::string program = "bench_diagnostics";
+  bench::handle_help(argc, argv,
+                     "What the flight recorder and DDP_DEBUG=detail cost per collective.", kUsage);
+  bench::at_most(program, argc, 2, kUsage);
+  const int rounds =
+      argc > 1 ? static_cast<int>(bench::positive_arg(program, "ROUNDS", argv[1], kUsage)) : 15;
+  const int iters =
+      argc > 2 ? static_cast<int>(bench::positive_arg(program, "ITERS", argv[2], kUsage)) : 400;
   ::unsetenv("DDP_FLIGHT_RECORDER_DIR");  // measure recording, not files
   auto bare = group("bare", "0", "off");
   auto recorder = group("recorder", "2000", "off");

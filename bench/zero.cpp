@@ -16,6 +16,8 @@
 #include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/distributed/process_group.h>
 
+#include "bench_args.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
@@ -107,11 +109,25 @@ double time_collective(int repeats, const std::function<void()>& f) {
 
 }  // namespace
 
+constexpr const char* kUsage =
+    "usage: ddprun --nproc-per-node N --no-prefix -- bench_zero [WIDTH [LAYERS [ITERS "
+    "[REPEATS]]]]\n"
+    "  WIDTH    hidden width of the MLP (default 1024)\n"
+    "  LAYERS   hidden layers (default 6)\n"
+    "  ITERS    optimizer steps per measurement (default 5)\n"
+    "  REPEATS  measurements, interleaved; the median is reported (default 7)\n";
+
 int main(int argc, char** argv) {
-  const int64_t width = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int64_t layers = argc > 2 ? std::atoll(argv[2]) : 6;
-  const int iters = argc > 3 ? std::atoi(argv[3]) : 5;
-  const int repeats = argc > 4 ? std::atoi(argv[4]) : 7;
+  const std::string program = "bench_zero";
+  bench::handle_help(argc, argv,
+                     "ZeroRedundancyOptimizer against Adam behind DDP: memory and time.", kUsage);
+  bench::at_most(program, argc, 4, kUsage);
+  const int64_t width = argc > 1 ? bench::positive_arg(program, "WIDTH", argv[1], kUsage) : 1024;
+  const int64_t layers = argc > 2 ? bench::positive_arg(program, "LAYERS", argv[2], kUsage) : 6;
+  const int iters =
+      argc > 3 ? static_cast<int>(bench::positive_arg(program, "ITERS", argv[3], kUsage)) : 5;
+  const int repeats =
+      argc > 4 ? static_cast<int>(bench::positive_arg(program, "REPEATS", argv[4], kUsage)) : 7;
   at::set_num_threads(1);
   ddp::ProcessGroupGuard guard(ddp::InitOptions().backend("gloo"));
   auto pg = ddp::default_group();

@@ -23,6 +23,8 @@
 #include <ddp/ddp.h>
 
 #include <CLI/CLI.hpp>
+
+#include "cli_checks.h"
 #include <torch/torch.h>
 
 #include "fashion_mnist/allocator.h"
@@ -99,20 +101,20 @@ int main(int argc, char** argv) {
   int64_t powersgd_rank = 0, powersgd_start = 1000;
   app.add_option("--epochs", epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--batch-size", batch_size, "Samples per batch on each rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--lr", lr, "Adam learning rate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--seed", seed, "Seed of the model's initial weights and of the shuffle")
       ->capture_default_str();
   app.add_option("--threads", threads,
                  "Torch threads per rank; 0: torch's default, which "
                  "follows OMP_NUM_THREADS (ddprun sets it to cores / processes)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   // The rule for an empty backend in the words of InitOptions::backend's doc comment
   // (include/ddp/distributed/process_group.h); tests/examples checks that they agree.
   app.add_option("--backend", backend,
@@ -123,19 +125,19 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", timeout_s,
                  "Seconds a rank waits for the others in a collective before it fails")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--data-dir", data_dir, "Folder with the four *-ubyte.gz files")
       ->capture_default_str();
   app.add_option("--train-samples", train_samples,
                  "Use only the first N training images; "
                  "0: all 60000")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--test-samples", test_samples,
                  "Use only the first N test images; "
                  "0: all 10000")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--run-dir", run_dir, "Parent folder of the run's folder")->capture_default_str();
   app.add_option("--name", name, "The run's folder: <run-dir>/<name>")->capture_default_str();
   app.add_option("--progress", progress_flag,
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
                      "Compress DDP's gradients with PowerSGD of this rank (ddp::powersgd_hook; "
                      "for slow links between hosts); 0: off")
           ->capture_default_str()
-          ->check(CLI::NonNegativeNumber)
+          ->check(examples::kNonNegative)
           ->excludes(fsdp_flag);
   app.add_option("--powersgd-start", powersgd_start,
                  "With --powersgd-rank: plain all-reduce for the steps before this one")

@@ -23,6 +23,8 @@
 #include <ddp/ddp.h>
 
 #include <CLI/CLI.hpp>
+
+#include "cli_checks.h"
 #include <torch/torch.h>
 
 #include "fashion_mnist/allocator.h"
@@ -86,50 +88,50 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-size", config.block_size, "Context length in characters")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--n-layer", config.n_layer, "Transformer blocks")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--n-head", config.n_head, "Attention heads per block")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--n-embd", config.n_embd, "Embedding width (a multiple of --n-head)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--dropout", config.dropout,
                  "Dropout probability (embeddings, attention, residuals)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   app.add_option("--max-epochs", max_epochs, "Epochs to train (in all, also with --resume)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--max-steps", max_steps, "Stop after this many optimizer steps; 0: no limit")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--batch-size", batch_size, "Windows per micro-batch on each rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--grad-accum", grad_accum,
                  "Micro-batches per optimizer step; all but the last skip the all-reduce "
                  "(no_sync)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--learning-rate", learning_rate, "AdamW learning rate (betas 0.9, 0.95)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay, on Linear weights only")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--grad-norm-clip", grad_norm_clip, "Clip the gradients' global norm; 0: off")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--save-every", save_every,
                  "Checkpoint every N optimizer steps (and at each epoch's end); 0: epochs only")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--log-every", log_every, "A progress line and a metrics record every N steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--seed", seed, "Seed of the initial weights, the shuffle and the sample")
       ->capture_default_str();
   app.add_option("--prompt", prompt,
@@ -137,12 +139,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sample-length", sample_length, "Characters to generate at the end; 0: none")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--threads", threads,
                  "Torch threads per rank; 0: torch's default (ddprun sets OMP_NUM_THREADS "
                  "to cores / processes)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   // In the words of InitOptions::backend's doc comment, as fashion_mnist's (tests/examples).
   app.add_option("--backend", backend,
                  "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is "
@@ -151,7 +153,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
   app.add_option("--timeout", timeout_s, "Seconds a rank waits for the others in a collective")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--run-dir", run_dir, "Parent folder of the run's folder")->capture_default_str();
   app.add_option("--name", name, "The run's folder: <run-dir>/<name>")->capture_default_str();
   app.add_option("--save-init", save_init,

@@ -23,13 +23,25 @@ def load(paths):
     world = None
     for path in paths:
         with open(path) as f:
-            doc = json.load(f)
-        r = int(doc["rank"])
-        world = int(doc["world_size"]) if world is None else world
-        ranks[r] = {
-            "reason": doc.get("reason", ""),
-            "entries": {int(e["seq"]): e for e in doc.get("entries", [])},
-        }
+            text = f.read()
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise ValueError(
+                "%s is not a complete flight-recorder dump (%d bytes; %s): it was cut short, "
+                "most likely because its process died while writing it. Pass the other ranks' "
+                "files by name to analyse them without it" % (path, len(text), e)) from None
+        try:
+            r = int(doc["rank"])
+            world = int(doc["world_size"]) if world is None else world
+            ranks[r] = {
+                "reason": doc.get("reason", ""),
+                "entries": {int(e["seq"]): e for e in doc.get("entries", [])},
+            }
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError("%s is JSON but not a flight-recorder dump: expected 'rank', "
+                             "'world_size' and 'entries' with a 'seq' each (%s: %s)"
+                             % (path, type(e).__name__, e)) from None
     return world, ranks
 
 

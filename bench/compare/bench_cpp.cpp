@@ -58,21 +58,37 @@ struct Args {
   std::string hook = "none";  // none, fp16, bf16, powersgd<r> (start_powerSGD_iter 2)
 };
 
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+constexpr const char* kUsage =
+    "usage: bench_compare --model small|cnn|wide|tiny|gpt --out DIR [--ddp 1] [--warmup 10]\n"
+    "       [--iters 50] [--bucket-cap-mb 25] [--gradient-as-bucket-view 0]\n"
+    "       [--lr 0.01] [--set-to-none 1]\n"
+    "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n"
+    "       [--backend gloo|shm]  (default: the library's choice)\n"
+    "       [--hook none|fp16|bf16|powersgd<rank>]  (PowerSGD from iteration 2)\n";
+
 [[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "bench_compare: " << problem << "\n"
-            << "usage: bench_compare --model small|cnn|wide --out DIR [--ddp 1] [--warmup 10]\n"
-               "       [--iters 50] [--bucket-cap-mb 25] [--gradient-as-bucket-view 0]\n"
-               "       [--lr 0.01] [--set-to-none 1]\n"
-               "       [--check-steps K] [--with-plain 0] [--block 5] [--trace PATH]\n"
-               "       [--backend gloo|shm]  (default: the library's choice)\n"
-               "       [--hook none|fp16|bf16|powersgd<rank>]  (PowerSGD from iteration 2)\n";
+  if (env_int("RANK", 0) == 0) std::cerr << "bench_compare: " << problem << "\n" << kUsage;
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  if (env_int("RANK", 0) == 0) {
+    std::cout << "One trial of the DDP comparison (bench/run-compare runs it under ddprun).\n"
+              << kUsage;
+  }
+  std::exit(0);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") help();
     if (i + 1 >= argc) usage("missing value after " + flag);
     const std::string v = argv[++i];
     if (flag == "--model")
@@ -109,6 +125,11 @@ Args parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   if (a.model.empty() || a.out.empty()) usage("--model and --out are required");
+  try {
+    bench::spec(a.model);
+  } catch (const c10::Error& e) {
+    usage(e.msg());
+  }
   if (a.iters < 1) usage("--iters must be >= 1");
   if (a.block < 1) usage("--block must be >= 1");
   if (a.hook != "none" && a.hook != "fp16" && a.hook != "bf16" &&
@@ -116,11 +137,6 @@ Args parse(int argc, char** argv) {
         a.hook.find_first_not_of("0123456789", 8) == std::string::npos))
     usage("--hook must be none, fp16, bf16 or powersgd<rank> (e.g. powersgd4), got " + a.hook);
   return a;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
 }
 
 std::string json_list(const std::vector<double>& v) {

@@ -37,8 +37,13 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
       m.world_size = j.at("world_size").get<int64_t>();
       out.push_back(m);
     } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(path + ":" + std::to_string(number) + ": not a metrics record (" +
-                               e.what() + ")");
+      throw std::runtime_error(
+          path + ":" + std::to_string(number) +
+          ": expected one JSON record per line with epoch, train_loss, test_accuracy, "
+          "samples_per_s, seconds and world_size, got '" +
+          line.substr(0, 80) + "' (" + e.what() +
+          "; a line cut short by a full disk or a copy?). The lines before "
+          "it are intact: delete this line and the ones after it, then resume again");
     }
   }
   return out;

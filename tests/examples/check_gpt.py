@@ -23,6 +23,10 @@
       stand-in device) train a few steps with DDP, with --zero and with --fsdp, each with
       --grad-accum 2, sample at the end and exit normally.
 
+  check_gpt.py torn-metrics DDPRUN GPT WORKDIR
+      A metrics.jsonl whose last line was cut short: --resume stops with the file, the
+      line and what to do.
+
   check_gpt.py data-errors GPT WORKDIR
       A missing, empty, too short and non-UTF-8 --data file, and a --prompt with a
       character the text lacks, each stop the program with exit code 1 and a message
@@ -313,6 +317,11 @@ def check_data_errors(gpt, work):
         ("prompt", ["--data", good, "--max-steps", "1", "--prompt", "the \u00e9"],
          ["--prompt", "U+00E9", "not in the corpus"]),
     ]
+    # A text file cut short inside a multi-byte character.
+    cut = os.path.join(work, "cut.txt")
+    with open(cut, "wb") as f:
+        f.write(("caf\u00e9 " * 400).encode("utf-8")[:-2])
+    cases.append(("cut short", ["--data", cut], ["cut.txt", "not UTF-8", "0xc3", "byte offset"]))
     for what, args, needles in cases:
         code, out = run([gpt, "--run-dir", work, "--name", "err"] + SMALL[:-2] + args,
                         timeout=120)
@@ -324,6 +333,31 @@ def check_data_errors(gpt, work):
         if "error:" not in out:
             fail(f"{what}: expected 'gpt: error: ...'", out)
         print(f"OK: {what}: {[l for l in out.splitlines() if 'error:' in l][0][:160]}")
+
+
+def check_torn_metrics(ddprun, gpt, work):
+    """A metrics.jsonl whose last line was cut short stops --resume with a message that
+    names the file and line and says what to do, before any training."""
+    fresh(work)
+    common = ["--max-steps", "4", "--log-every", "1", "--save-every", "2"]
+    run_dir = cpp_run(ddprun, gpt, work, "torn", 2, common)
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path) as f:
+        lines = f.readlines()
+    with open(path, "w") as f:
+        f.writelines(lines[:-1] + [lines[-1][:len(lines[-1]) // 2]])
+    cmd = [ddprun, "--nproc-per-node", "2", "--", gpt, "--run-dir", work, "--name", "torn",
+           "--data", os.path.join(work, "text.txt"), "--resume"] + SMALL + common
+    code, out = run(cmd, 120)
+    if code == 0:
+        fail("--resume with a torn metrics.jsonl: exit code 0, expected an error", out)
+    for needle in ["metrics.jsonl:%d" % len(lines), "expected one JSON record per line",
+                   "delete this line"]:
+        if needle not in out:
+            fail(f"torn metrics.jsonl: the error should mention {needle!r}", out)
+    if "Exception raised from" in out:
+        fail("the error carries c10's backtrace", out)
+    print("OK: " + next(l for l in out.splitlines() if "error:" in l)[:200])
 
 
 def main():
@@ -341,6 +375,8 @@ def main():
         check_standin(*args)
     elif mode == "data-errors":
         check_data_errors(*args)
+    elif mode == "torn-metrics":
+        check_torn_metrics(*args)
     else:
         fail(f"unknown mode {mode}\n{__doc__}")
 

@@ -1,0 +1,31 @@
+#pragma once
+
+// Checks for the examples' numeric flags whose messages say what was expected and what
+// was seen ("--epochs: expected a number > 0, got 0"), instead of CLI11's range text.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <string>
+
+namespace examples {
+
+inline CLI::Validator number_check(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool ok = !text.empty() && *end == '\0' && (allow_zero ? v >= 0 : v > 0);
+        if (ok) return std::string();
+        return std::string("expected a number ") + (allow_zero ? ">= 0" : "> 0") + ", got " +
+               text;
+      },
+      allow_zero ? "NUMBER >= 0" : "NUMBER > 0");
+}
+
+/// A number > 0.
+inline const CLI::Validator kPositive = number_check(false);
+/// A number >= 0.
+inline const CLI::Validator kNonNegative = number_check(true);
+
+}  // namespace examples

@@ -17,8 +17,7 @@ inline CLI::Validator number_check(bool allow_zero) {
         const double v = std::strtod(text.c_str(), &end);
         const bool ok = !text.empty() && *end == '\0' && (allow_zero ? v >= 0 : v > 0);
         if (ok) return std::string();
-        return std::string("expected a number ") + (allow_zero ? ">= 0" : "> 0") + ", got " +
-               text;
+        return std::string("expected a number ") + (allow_zero ? ">= 0" : "> 0") + ", got " + text;
       },
       allow_zero ? "NUMBER >= 0" : "NUMBER > 0");
 }

@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
     // weights, so every rank starts from the same model. (--fsdp: ddp::fully_shard
     // instead; every rank keeps its rows of each weight, and the model's own
     // parameters become those shards.)
-    std::shared_ptr<torch::nn::Module> wrapped;  // train(), eval() and parameters()
+    std::shared_ptr<torch::nn::Module> wrapped;    // train(), eval() and parameters()
+    std::shared_ptr<ddp::PowerSGDState> powersgd;  // --powersgd-rank: in checkpoints too
     std::function<torch::Tensor(const torch::Tensor&)> forward;
     if (fsdp) {
       auto unit = ddp::fully_shard(model.ptr());
@@ -230,10 +231,11 @@ int main(int argc, char** argv) {
       if (powersgd_rank > 0) {
         // PyTorch's powerSGD_hook: rank-r approximations of each weight's gradient from
         // step --powersgd-start on, with error feedback and warm start.
-        dmodel->register_comm_hook(ddp::powersgd_hook(
+        powersgd =
             std::make_shared<ddp::PowerSGDState>(ddp::PowerSGDState()
                                                      .matrix_approximation_rank(powersgd_rank)
-                                                     .start_powerSGD_iter(powersgd_start))));
+                                                     .start_powerSGD_iter(powersgd_start));
+        dmodel->register_comm_hook(ddp::powersgd_hook(powersgd));
       }
       wrapped = dmodel.ptr();
       forward = [dmodel](const torch::Tensor& x) mutable { return dmodel->forward(x); };
@@ -280,6 +282,7 @@ int main(int argc, char** argv) {
     ddp::Checkpoint checkpoint(*model);
     checkpoint.optimizer(&optimizer).sampler(&sampler);
     if (amp) checkpoint.grad_scaler(&scaler);
+    if (powersgd) checkpoint.powersgd(powersgd.get());
     std::vector<EpochMetrics> history;
     const fs::path metrics_path = out_dir / "metrics.jsonl";
     int64_t start_epoch = 0, step = 0;

@@ -337,6 +337,13 @@ def cmd_standin(ddprun, binary, work):
     metrics = read_metrics(os.path.join(work, "t", "metrics.jsonl"))
     if [m["epoch"] for m in metrics] != [1] or metrics[0]["world_size"] != 2:
         fail(f"metrics.jsonl: {metrics}, expected one record for epoch 1, world_size 2")
+    # PowerSGD on the stand-in: every factor on the rank's device; its state checkpointed.
+    args = with_option([a for a in args if a != "--sync-bn"], "--name", "p") + [
+        "--powersgd-rank", "2", "--powersgd-start", "2"]
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=240, env=env)
+    if p.returncode != 0 or "[rank 0]: done:" not in p.stdout:
+        fail(f"--powersgd-rank 2 on the stand-in: exit code {p.returncode}", p.stdout)
     print("OK")
 
 

@@ -65,6 +65,18 @@ def main():
         first = next((l for l in q.stdout.splitlines() if l.strip()), "")
         print(f"OK: {name}: --help, and {' '.join(bad)!r} -> exit {q.returncode}: {first[:120]}")
         checked += 1
+    # A flight-recorder dump cut short (its process died while writing it).
+    import tempfile
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "flight_recorder.rank0.json"), "w") as f:
+        f.write('{"rank": 0, "world_size": 2, "entries": [{"seq": 1, "wh')
+    q = subprocess.run([py, os.path.join(src, "tools", "flight_recorder.py"), d],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    for needle in ("flight_recorder.rank0.json", "cut short", "Pass the other ranks' files"):
+        if q.returncode != 2 or needle not in q.stdout:
+            sys.exit(f"FAIL: flight_recorder.py on a dump cut short: exit {q.returncode}, "
+                     f"expected 2 and {needle!r}:\n{q.stdout}")
+    print("OK: flight_recorder.py names a dump cut short")
     if checked < 9:
         sys.exit(f"FAIL: only {checked} programs were checked")
 

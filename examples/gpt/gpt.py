@@ -11,6 +11,7 @@ the per-step records and the final state dict go.
 """
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -184,7 +185,9 @@ def main():
     ]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95))
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    scaler = torch.cuda.amp.GradScaler(enabled=args.amp and device.type == "cuda")
+    scaler = (torch.amp.GradScaler("cuda", enabled=args.amp and device.type == "cuda")
+              if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=args.amp and device.type == "cuda"))
     sampler = DistributedSampler(range(len(train)), num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed)
     eval_per_rank = min(len(validation), 1024) // world
@@ -289,6 +292,12 @@ def main():
         if args.out:
             torch.save(model.state_dict(), args.out)
         print(f"done: {step} steps in {time.time() - start:.1f}s", flush=True)
+    # Every rank is done before any releases its group, and the DDP wrapper, which holds the
+    # group, goes first: PyTorch 2.x's Gloo can abort a process whose peer tears down its
+    # connections while it still has work queued.
+    dist.barrier()
+    del dmodel
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -190,8 +190,11 @@ class ElasticHostsTest(T.DdprunTestCase):
         self.assertEqual(nodes[0], 0, "host 0 serves the endpoint: it is node 0\n" + self.logs())
 
         run_dir = os.path.join(runs, "job")
-        self.watch(lambda: read_metrics(run_dir), 240, "epoch 1 did not end")
-        self.assertTrue(os.path.exists(os.path.join(run_dir, "checkpoints", "latest")))
+        # Epoch 1's end: its record, then its checkpoint (the example writes them in this
+        # order, so that a kill between them loses nothing).
+        latest = os.path.join(run_dir, "checkpoints", "latest")
+        self.watch(lambda: read_metrics(run_dir) and os.path.exists(latest), 240,
+                   "epoch 1 did not end with its record and its checkpoint")
         victim = nodes.index(1)
         killed_after = max(m["epoch"] for m in read_metrics(run_dir))
         procs[victim].kill()  # SIGKILL: no goodbye on the control channel

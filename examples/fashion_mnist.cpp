@@ -24,7 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cli_checks.h"
+#include "common/cli_checks.h"
 #include <torch/torch.h>
 
 #include "fashion_mnist/allocator.h"
@@ -115,12 +115,7 @@ int main(int argc, char** argv) {
                  "follows OMP_NUM_THREADS (ddprun sets it to cores / processes)")
       ->capture_default_str()
       ->check(examples::kNonNegative);
-  // The rule for an empty backend in the words of InitOptions::backend's doc comment
-  // (include/ddp/distributed/process_group.h); tests/examples checks that they agree.
-  app.add_option("--backend", backend,
-                 "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is "
-                 "visible; on CPUs \"shm\" when every rank shares this host, else \"gloo\" (or "
-                 "\"hier\", shared memory within hosts and Gloo between them).")
+  app.add_option("--backend", backend, examples::kBackendHelp)
       ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
   app.add_option("--timeout", timeout_s,
                  "Seconds a rank waits for the others in a collective before it fails")

@@ -24,7 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cli_checks.h"
+#include "common/cli_checks.h"
 #include <torch/torch.h>
 
 #include "fashion_mnist/allocator.h"
@@ -145,11 +145,7 @@ int main(int argc, char** argv) {
                  "to cores / processes)")
       ->capture_default_str()
       ->check(examples::kNonNegative);
-  // In the words of InitOptions::backend's doc comment, as fashion_mnist's (tests/examples).
-  app.add_option("--backend", backend,
-                 "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is "
-                 "visible; on CPUs \"shm\" when every rank shares this host, else \"gloo\" (or "
-                 "\"hier\", shared memory within hosts and Gloo between them).")
+  app.add_option("--backend", backend, examples::kBackendHelp)
       ->check(CLI::IsMember({"", "gloo", "nccl", "shm"}));
   app.add_option("--timeout", timeout_s, "Seconds a rank waits for the others in a collective")
       ->capture_default_str()

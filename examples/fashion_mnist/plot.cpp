@@ -1,5 +1,7 @@
 #include "plot.h"
 
+#include "../common/files.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,14 +18,6 @@ constexpr double kInset = 14;  // data stay this far inside the frame, markers w
 constexpr const char* kLossColor = "#1f77b4";
 constexpr const char* kAccuracyColor = "#d62728";
 
-// A tick step of 1, 2 or 5 times a power of ten giving about `ticks` intervals.
-double nice_step(double range, int ticks) {
-  const double raw = range / ticks;
-  const double power = std::pow(10.0, std::floor(std::log10(raw)));
-  const double f = raw / power;
-  return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * power;
-}
-
 struct Axis {
   double lo, hi, step;
   double map(double v, double out_lo, double out_hi) const {
@@ -38,7 +32,7 @@ Axis nice_axis(double lo, double hi, int ticks) {
     lo -= pad;
     hi += pad;
   }
-  const double step = nice_step(hi - lo, ticks);
+  const double step = examples::nice_step(hi - lo, ticks);
   return {std::floor(lo / step + 1e-9) * step, std::ceil(hi / step - 1e-9) * step, step};
 }
 
@@ -87,8 +81,8 @@ std::string curves_svg(std::vector<EpochMetrics> metrics, const std::string& tit
 
   // Axes: epochs (x), loss from 0 (left), accuracy in percent (right).
   const double first = double(metrics.front().epoch), last = double(metrics.back().epoch);
-  Axis x =
-      last > first ? Axis{first, last, nice_step(last - first, 8)} : Axis{first - 1, first + 1, 1};
+  Axis x = last > first ? Axis{first, last, examples::nice_step(last - first, 8)}
+                        : Axis{first - 1, first + 1, 1};
   x.step = std::max(1.0, std::round(x.step));
   double max_loss = 0, min_acc = 100, max_acc = 0;
   for (const auto& m : metrics) {

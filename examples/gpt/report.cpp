@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include "../common/files.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,61 +15,30 @@
 namespace gpt {
 namespace {
 
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path);
-}
-
 std::string fmt(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), format, v);
   return buf;
 }
 
-// A tick step of 1, 2 or 5 times a power of ten giving about `ticks` intervals.
-double nice_step(double range, int ticks) {
-  const double raw = range / ticks;
-  const double power = std::pow(10.0, std::floor(std::log10(raw)));
-  const double f = raw / power;
-  return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * power;
-}
-
 }  // namespace
 
 std::vector<StepMetrics> read_metrics(const std::string& path) {
   std::vector<StepMetrics> out;
-  std::ifstream in(path);
-  if (!in) return out;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (line.empty()) continue;
-    try {
-      const auto j = nlohmann::json::parse(line);
-      StepMetrics m;
-      m.step = j.at("step").get<int64_t>();
-      m.epoch = j.at("epoch").get<int64_t>();
-      if (j.contains("train_loss")) m.train_loss = j.at("train_loss").get<double>();
-      if (j.contains("val_loss")) m.val_loss = j.at("val_loss").get<double>();
-      m.tokens_per_s = j.at("tokens_per_s").get<double>();
-      m.seconds = j.at("seconds").get<double>();
-      m.world_size = j.at("world_size").get<int64_t>();
-      out.push_back(m);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(
-          path + ":" + std::to_string(number) +
-          ": expected one JSON record per line with step, epoch, tokens_per_s, seconds and "
-          "world_size, got '" +
-          line.substr(0, 80) + "' (" + e.what() +
-          "; a line cut short by a full disk or a copy?). The lines before it are intact: "
-          "delete this line and the ones after it, then resume again");
-    }
-  }
+  examples::read_json_lines(path, "step, epoch, tokens_per_s, seconds and world_size",
+                            [&](const nlohmann::json& j) {
+                              StepMetrics m;
+                              m.step = j.at("step").get<int64_t>();
+                              m.epoch = j.at("epoch").get<int64_t>();
+                              if (j.contains("train_loss"))
+                                m.train_loss = j.at("train_loss").get<double>();
+                              if (j.contains("val_loss"))
+                                m.val_loss = j.at("val_loss").get<double>();
+                              m.tokens_per_s = j.at("tokens_per_s").get<double>();
+                              m.seconds = j.at("seconds").get<double>();
+                              m.world_size = j.at("world_size").get<int64_t>();
+                              out.push_back(m);
+                            });
   return out;
 }
 
@@ -82,7 +53,7 @@ void write_metrics(const std::string& path, const std::vector<StepMetrics>& metr
     j["world_size"] = m.world_size;
     text += j.dump() + "\n";
   }
-  write_atomically(path, text);
+  examples::write_file_atomically(path, text);
 }
 
 void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& metrics,
@@ -96,7 +67,7 @@ void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& met
   }
   if (metrics.empty()) ylo = 0, yhi = 1;
   if (!(yhi > ylo)) ylo -= 0.5, yhi += 0.5;
-  const double ystep = nice_step(yhi - ylo, 6), xstep = nice_step(xmax, 8);
+  const double ystep = examples::nice_step(yhi - ylo, 6), xstep = examples::nice_step(xmax, 8);
   ylo = std::floor(ylo / ystep) * ystep;
   yhi = std::ceil(yhi / ystep) * ystep;
   const double xhi = std::ceil(xmax / xstep) * xstep;
@@ -147,7 +118,7 @@ void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& met
     << "<line x1=\"" << kR - 170 << "\" x2=\"" << kR - 145 << "\" y1=\"" << kT + 38 << "\" y2=\""
     << kT + 38 << "\" stroke=\"#d62728\" stroke-width=\"2\"/><text x=\"" << kR - 138 << "\" y=\""
     << kT + 42 << "\">validation loss</text>\n</svg>\n";
-  write_atomically(path, s.str());
+  examples::write_file_atomically(path, s.str());
 }
 
 }  // namespace gpt

@@ -122,6 +122,10 @@ at::Tensor plain_view(const at::Tensor& buffer, int64_t offset, at::IntArrayRef 
 /// parameter gets a contiguous view.
 at::Tensor bucket_view(const at::Tensor& buffer, int64_t offset, const at::Tensor& param);
 
+/// A comm hook's or a collective's result: a Tensor, or a list whose first element is
+/// one; undefined otherwise. (Defined in comm_hooks.cpp.)
+at::Tensor hook_result(const c10::IValue& value);
+
 /// bucket.views, one per parameter, over bucket.buffer.
 void make_views(Bucket& bucket, const std::vector<at::Tensor>& params);
 

@@ -31,6 +31,21 @@ std::vector<at::Tensor> GradBucket::gradients() const {
   return out;
 }
 
+namespace detail {
+at::Tensor hook_result(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor();
+  if (value.isTensorList()) {
+    auto list = value.toTensorVector();
+    if (!list.empty()) return list[0];
+  }
+  if (value.isList()) {
+    auto list = value.toList();
+    if (list.size() > 0 && list.get(0).isTensor()) return list.get(0).toTensor();
+  }
+  return at::Tensor();
+}
+}  // namespace detail
+
 int64_t GradBucket::bytes_sent() const {
   return bytes_sent_ >= 0 ? bytes_sent_
                           : buffer_.numel() * static_cast<int64_t>(buffer_.element_size());
@@ -51,12 +66,6 @@ class FunctionHook final : public CommHook {
   std::string name_;
 };
 
-// The first tensor of a collective's result (a list of tensors) or the tensor itself.
-at::Tensor first_tensor(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor();
-  return value.toTensorVector().at(0);
-}
-
 // Compress to `wire` dtype (divided by the world size), all-reduce, decompress into the
 // bucket. `transport`, when set, is the dtype actually sent (see bf16 on Gloo).
 c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
@@ -70,7 +79,7 @@ c10::intrusive_ptr<c10::ivalue::Future> compressed_allreduce(
   return future->then(
       [buffer, wire](c10::ivalue::Future& done) -> c10::IValue {
         // Rounding the sum to `wire` again is a no-op when it travelled as `wire`.
-        buffer.copy_(first_tensor(done.value()).to(wire));
+        buffer.copy_(detail::hook_result(done.value()).to(wire));
         return buffer;
       },
       c10::TensorType::get());

@@ -14,6 +14,7 @@
 #include <ddp/parallel/powersgd.h>
 
 #include "distributed/common/check.h"
+#include "parallel/bucket.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -266,11 +267,6 @@ void PowerSGDState::load_state_dict(const c10::impl::GenericDict& state,
 
 namespace {
 
-at::Tensor first_tensor(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor();
-  return value.toTensorVector().at(0);
-}
-
 // _orthogonalize_gram_schmidt: columns of each matrix of the batch [B, n, r], in place.
 void orthogonalize_gram_schmidt(at::Tensor& matrices, double epsilon) {
   const int64_t cols = matrices.size(2);
@@ -498,7 +494,7 @@ c10::intrusive_ptr<c10::ivalue::Future> PowerSGDHook::run_hook(GradBucket& bucke
   Work p_work = pg.all_reduce_async(p_tensors, ReduceOp::SUM);
   u_work.wait();
   {
-    at::Tensor reduced = first_tensor(u_work.future()->value()).div_(world);
+    at::Tensor reduced = detail::hook_result(u_work.future()->value()).div_(world);
     int64_t at = 0;
     for (at::Tensor& t : uncompressed) {
       t.copy_(reduced.narrow(0, at, t.numel()).view_as(t));

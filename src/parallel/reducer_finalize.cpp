@@ -22,20 +22,6 @@ double ms_between(int64_t start_ns, int64_t end_ns) {
   return static_cast<double>(end_ns - start_ns) / 1e6;
 }
 
-// The hook's result: a Tensor, or a list whose first element is one.
-at::Tensor hook_result(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor();
-  if (value.isTensorList()) {
-    auto list = value.toTensorVector();
-    if (!list.empty()) return list[0];
-  }
-  if (value.isList()) {
-    auto list = value.toList();
-    if (list.size() > 0 && list.get(0).isTensor()) return list.get(0).toTensor();
-  }
-  return at::Tensor();
-}
-
 }  // namespace
 
 void Reducer::finalize_backward() {

@@ -43,22 +43,6 @@ Mode parse_mode(const std::string& name) {
   TORCH_CHECK(false, "unknown mode ", name);
 }
 
-void write_floats(const std::string& path, const at::Tensor& t) {
-  auto c = t.detach().to(at::kFloat).contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  TORCH_CHECK(f.good(), "cannot write ", path);
-}
-
-at::Tensor read_floats(const std::string& path, at::IntArrayRef sizes) {
-  auto t = at::empty(sizes, at::kFloat);
-  std::ifstream f(path, std::ios::binary);
-  f.read(static_cast<char*>(t.data_ptr()), t.numel() * sizeof(float));
-  TORCH_CHECK(f.gcount() == static_cast<std::streamsize>(t.numel() * sizeof(float)),
-              "short read from ", path);
-  return t;
-}
-
 at::Tensor flat_params(torch::nn::Module& m) {
   std::vector<at::Tensor> all;
   for (auto& p : m.parameters()) all.push_back(p.detach().reshape({-1}));
@@ -87,9 +71,9 @@ DDP_SCENARIO(ddp_python_peer) {
   ddp_test::Mlp model;
   const int64_t n = flat_params(*model).numel();
   // Other ranks start elsewhere: DDP's construction must give them rank 0's weights.
-  load_flat(*model, read_floats(dir + "/init.bin", {n}) + (r == 0 ? 0.0 : 0.5));
-  const auto x = read_floats(dir + "/x.bin", {kSteps, kWorld * kPerRank, 8});
-  const auto y = read_floats(dir + "/y.bin", {kSteps, kWorld * kPerRank, 4});
+  load_flat(*model, ddp_test::read_floats(dir + "/init.bin", {n}) + (r == 0 ? 0.0 : 0.5));
+  const auto x = ddp_test::read_floats(dir + "/x.bin", {kSteps, kWorld * kPerRank, 8});
+  const auto y = ddp_test::read_floats(dir + "/y.bin", {kSteps, kWorld * kPerRank, 4});
 
   auto dmodel = ddp::DistributedDataParallel(
       model, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(mode.bucket_view));
@@ -116,7 +100,7 @@ DDP_SCENARIO(ddp_python_peer) {
     }
     opt.step();
   }
-  write_floats(dir + "/cpp.rank" + std::to_string(r) + ".bin", flat_params(*model));
+  ddp_test::write_floats(dir + "/cpp.rank" + std::to_string(r) + ".bin", flat_params(*model));
   return 0;
 }
 
@@ -127,9 +111,9 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
   ddp_test::Mlp model;
   ddp_test::init_params(*model, 91);
   const auto init = flat_params(*model);
-  write_floats(dir.file("init.bin"), init);
-  write_floats(dir.file("x.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 8}, 92));
-  write_floats(dir.file("y.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 4}, 93));
+  ddp_test::write_floats(dir.file("init.bin"), init);
+  ddp_test::write_floats(dir.file("x.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 8}, 92));
+  ddp_test::write_floats(dir.file("y.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 4}, 93));
 
   ddp_test::ProcessOptions o;
   o.env["DDP_PEER_DIR"] = dir.path();
@@ -158,9 +142,9 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
   ASSERT_EQ(rc, 0) << output;
 
   const int64_t n = init.numel();
-  const auto py = read_floats(dir.file("py.rank0.bin"), {n});
+  const auto py = ddp_test::read_floats(dir.file("py.rank0.bin"), {n});
   for (int r = 0; r < kWorld; ++r) {
-    const auto cpp = read_floats(dir.file("cpp.rank" + std::to_string(r) + ".bin"), {n});
+    const auto cpp = ddp_test::read_floats(dir.file("cpp.rank" + std::to_string(r) + ".bin"), {n});
     const double diff = (cpp - py).abs().max().item<double>();
     EXPECT_EQ(diff, 0.0) << "rank " << r << ": ddp-cpp and PyTorch DDP differ by up to " << diff
                          << " after " << kSteps << " steps (" << GetParam() << ")";

@@ -20,22 +20,6 @@ constexpr int kWorld = 3;
 constexpr int64_t kPerRank = 2;
 constexpr int kSteps = 10;
 
-void write_bytes(const std::string& path, const at::Tensor& t) {
-  auto c = t.contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-  TORCH_CHECK(f.good(), "cannot write ", path);
-}
-
-at::Tensor read_floats(const std::string& path, int64_t n) {
-  auto t = at::empty({n}, at::kFloat);
-  std::ifstream f(path, std::ios::binary);
-  f.read(static_cast<char*>(t.data_ptr()), n * sizeof(float));
-  TORCH_CHECK(f.gcount() == static_cast<std::streamsize>(n * sizeof(float)), "short read from ",
-              path);
-  return t;
-}
-
 at::Tensor flat(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> parts;
   for (const auto& t : ts) parts.push_back(t.detach().reshape({-1}).to(at::kFloat));
@@ -47,14 +31,14 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
   ddp_test::TinyGptImpl init_model;
   ddp_test::init_params(init_model, 77);
   const at::Tensor init = flat(init_model.parameters());
-  write_bytes(dir.file("init.bin"), init);
+  ddp_test::write_bytes(dir.file("init.bin"), init);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(78);
   const at::Tensor x =
       at::randint(ddp_test::kVocab, {kSteps, kWorld * kPerRank, ddp_test::kCtx}, gen, at::kLong);
   const at::Tensor y =
       at::randint(ddp_test::kVocab, {kSteps, kWorld * kPerRank, ddp_test::kCtx}, gen, at::kLong);
-  write_bytes(dir.file("x.bin"), x);
-  write_bytes(dir.file("y.bin"), y);
+  ddp_test::write_bytes(dir.file("x.bin"), x);
+  ddp_test::write_bytes(dir.file("y.bin"), y);
 
   std::string output;
   const int rc =
@@ -65,7 +49,7 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
                             &output);
   if (rc == 3) GTEST_SKIP() << output;
   ASSERT_EQ(rc, 0) << output;
-  const at::Tensor py = read_floats(dir.file("py.bin"), init.numel());
+  const at::Tensor py = ddp_test::read_floats(dir.file("py.bin"), {init.numel()});
 
   at::Tensor cpp;
   ddp_test::run_thread_groups(

@@ -43,22 +43,6 @@ void load_flat(torch::nn::Module& m, const at::Tensor& values) {
   }
 }
 
-void write_floats(const std::string& path, const at::Tensor& t) {
-  auto c = t.detach().to(at::kFloat).contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  TORCH_CHECK(f.good(), "cannot write ", path);
-}
-
-at::Tensor read_floats(const std::string& path, int64_t n) {
-  auto t = at::empty({n}, at::kFloat);
-  std::ifstream f(path, std::ios::binary);
-  f.read(static_cast<char*>(t.data_ptr()), n * sizeof(float));
-  TORCH_CHECK(f.gcount() == static_cast<std::streamsize>(n * sizeof(float)), "short read from ",
-              path);
-  return t;
-}
-
 struct PsgdRun {
   int world = 2;
   int64_t rank = 1;
@@ -114,10 +98,6 @@ at::Tensor train(const PsgdRun& run, const at::Tensor& init, const at::Tensor& x
   return result;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 struct Data {
   at::Tensor init, x, y;
 };
@@ -170,24 +150,23 @@ TEST(PowerSGDTest, BadHyperparametersAreClearErrors) {
   auto error = [](ddp::PowerSGDState s) {
     return ddp_test::error_of([&] { ddp::powersgd_hook(std::make_shared<ddp::PowerSGDState>(s)); });
   };
-  EXPECT_PRED2(contains, error(ddp::PowerSGDState().matrix_approximation_rank(0)),
-               "matrix_approximation_rank must be >= 1");
-  EXPECT_PRED2(contains, error(ddp::PowerSGDState().matrix_approximation_rank(-3)), "got -3");
+  EXPECT_ERROR_HAS(error(ddp::PowerSGDState().matrix_approximation_rank(0)),
+                   "matrix_approximation_rank must be >= 1");
+  EXPECT_ERROR_HAS(error(ddp::PowerSGDState().matrix_approximation_rank(-3)), "got -3");
   const std::string start = error(ddp::PowerSGDState().start_powerSGD_iter(1));
-  EXPECT_PRED2(contains, start, "expected start_powerSGD_iter > 1");
-  EXPECT_PRED2(contains, start, "Set start_powerSGD_iter to 2 or more");
-  EXPECT_PRED2(contains, error(ddp::PowerSGDState().start_powerSGD_iter(0).warm_start(false)),
-               "use_error_feedback or warm_start");
+  EXPECT_ERROR_HAS(start, "expected start_powerSGD_iter > 1");
+  EXPECT_ERROR_HAS(start, "Set start_powerSGD_iter to 2 or more");
+  EXPECT_ERROR_HAS(error(ddp::PowerSGDState().start_powerSGD_iter(0).warm_start(false)),
+                   "use_error_feedback or warm_start");
   // Both off: start at iteration 0 or 1 is allowed, as in PyTorch.
   EXPECT_EQ(error(ddp::PowerSGDState().start_powerSGD_iter(0).warm_start(false).use_error_feedback(
                 false)),
             "<no exception>");
-  EXPECT_PRED2(contains, error(ddp::PowerSGDState().random_seed(uint64_t(1) << 32)),
-               "random_seed must be in 0..2^32-1");
-  EXPECT_PRED2(contains, error(ddp::PowerSGDState().min_compression_rate(0)),
-               "min_compression_rate must be positive");
-  EXPECT_PRED2(contains, ddp_test::error_of([] { ddp::powersgd_hook(nullptr); }),
-               "the state is null");
+  EXPECT_ERROR_HAS(error(ddp::PowerSGDState().random_seed(uint64_t(1) << 32)),
+                   "random_seed must be in 0..2^32-1");
+  EXPECT_ERROR_HAS(error(ddp::PowerSGDState().min_compression_rate(0)),
+                   "min_compression_rate must be positive");
+  EXPECT_ERROR_HAS(ddp_test::error_of([] { ddp::powersgd_hook(nullptr); }), "the state is null");
 }
 
 // With a rank as large as each matrix's smaller side, P Qᵀ is M itself (Q orthonormal,
@@ -377,8 +356,8 @@ TEST(PowerSGDTest, ResumesFromACheckpointBitIdentically) {
   auto state = make_state(true, true);
   ddp::Checkpoint ckpt(*lone);
   ckpt.powersgd(state.get()).rng(false);
-  EXPECT_PRED2(contains, ddp_test::error_of([&] { ddp::load_checkpoint(path, ckpt); }),
-               "the PowerSGD state was saved by 2 ranks and is loaded by 1");
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { ddp::load_checkpoint(path, ckpt); }),
+                   "the PowerSGD state was saved by 2 ranks and is loaded by 1");
   EXPECT_EQ(state->iter(), 0);  // nothing changed
 }
 
@@ -387,16 +366,15 @@ TEST(PowerSGDTest, LoadStateDictRefusesAnotherModelOrRank) {
   auto model = make_mlp();
   auto saved = state.state_dict(*model);
   saved.insert("q.0.weight", at::zeros({32, 3}));  // rank 3's shape
-  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(saved, *model); }),
-               "expected [32, 2] for matrix_approximation_rank 2");
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { state.load_state_dict(saved, *model); }),
+                   "expected [32, 2] for matrix_approximation_rank 2");
   auto other = state.state_dict(*model);
   other.insert("error.9.weight", at::zeros({4}));
-  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(other, *model); }),
-               "names a parameter '9.weight' that the model lacks");
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { state.load_state_dict(other, *model); }),
+                   "names a parameter '9.weight' that the model lacks");
   auto partial = state.state_dict(*model);
   ASSERT_EQ(partial.erase("rng"), 1u);
-  EXPECT_PRED2(contains, ddp_test::error_of([&] { state.load_state_dict(partial, *model); }),
-               "no 'rng'");
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { state.load_state_dict(partial, *model); }), "no 'rng'");
 }
 
 class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {};
@@ -405,9 +383,9 @@ TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
   const PsgdRun run = GetParam();
   const Data d = make_data(run.world, run.steps);
   ddp_test::TempDir dir;
-  write_floats(dir.file("init.bin"), d.init);
-  write_floats(dir.file("x.bin"), d.x);
-  write_floats(dir.file("y.bin"), d.y);
+  ddp_test::write_floats(dir.file("init.bin"), d.init);
+  ddp_test::write_floats(dir.file("x.bin"), d.x);
+  ddp_test::write_floats(dir.file("y.bin"), d.y);
   std::string output;
   const int rc =
       ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
@@ -419,7 +397,7 @@ TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
                             &output);
   if (rc == 3) GTEST_SKIP() << output;
   ASSERT_EQ(rc, 0) << output;
-  const at::Tensor py = read_floats(dir.file("py.bin"), d.init.numel());
+  const at::Tensor py = ddp_test::read_floats(dir.file("py.bin"), {d.init.numel()});
   std::vector<int64_t> stats;
   const at::Tensor cpp = train(run, d.init, d.x, d.y, true, &stats);
   const double diff = (cpp - py).abs().max().item<double>();

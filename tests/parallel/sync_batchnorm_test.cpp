@@ -665,13 +665,6 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, SyncBatchNormDdpTest, ::testing::Values(2, 
 
 // ---- A converted model's state dict in PyTorch --------------------------------------------
 
-void write_floats(const std::string& path, const at::Tensor& t) {
-  const at::Tensor c = t.detach().to(at::kFloat).contiguous();
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  ASSERT_TRUE(f.good()) << path;
-}
-
 TEST(SyncBatchNormPythonTest, StateDictLoadsIntoTorchBatchNorm2d) {
   // Two ranks train a converted Sequential(Conv2d, BatchNorm2d, ReLU) for two steps
   // (batches of 3 and 2), so the running statistics are the whole batch's. Python loads
@@ -707,8 +700,8 @@ TEST(SyncBatchNormPythonTest, StateDictLoadsIntoTorchBatchNorm2d) {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     ASSERT_TRUE(f.good());
   }
-  write_floats(dir.file("probe.bin"), probe);
-  write_floats(dir.file("out.bin"), out);
+  ddp_test::write_floats(dir.file("probe.bin"), probe);
+  ddp_test::write_floats(dir.file("out.bin"), out);
 
   std::string output;
   const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +

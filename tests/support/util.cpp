@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 namespace ddp_test {
 
@@ -34,6 +35,25 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+void write_bytes(const std::string& path, const at::Tensor& t) {
+  const at::Tensor c = t.detach().contiguous().cpu();
+  std::ofstream f(path, std::ios::binary);
+  f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  TORCH_CHECK(f.good(), "cannot write ", path);
+}
+
+void write_floats(const std::string& path, const at::Tensor& t) {
+  write_bytes(path, t.detach().to(at::kFloat));
+}
+
+at::Tensor read_floats(const std::string& path, at::IntArrayRef sizes) {
+  at::Tensor t = at::empty(sizes, at::kFloat);
+  std::ifstream f(path, std::ios::binary);
+  f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+  TORCH_CHECK(f.gcount() == static_cast<std::streamsize>(t.nbytes()), "short read from ", path);
+  return t;
 }
 
 int fail(const std::string& what) {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Small helpers that several test files need: text, the environment, this binary,
-// tensors compared bit for bit, a scenario's failure, and EXPECT_ERROR_HAS.
+// tensors compared bit for bit, tensors in files for Python peers, a scenario's failure, and EXPECT_ERROR_HAS.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -25,6 +25,14 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b);
 
 /// The largest absolute difference of `a` and `b` (in double), for failure messages.
 double max_diff(const at::Tensor& a, const at::Tensor& b);
+
+/// Writes `t`'s bytes (contiguous, from the CPU, in its own dtype) to `path`, for a
+/// Python peer to read with numpy or torch.frombuffer. Throws if the write fails.
+void write_bytes(const std::string& path, const at::Tensor& t);
+/// write_bytes of `t` as float32.
+void write_floats(const std::string& path, const at::Tensor& t);
+/// Reads float32 values of shape `sizes` from `path`; throws on a short file.
+at::Tensor read_floats(const std::string& path, at::IntArrayRef sizes);
 
 /// For a scenario (DDP_SCENARIO): prints "rank R: what" on stderr and returns 1, its
 /// exit code.

@@ -27,4 +27,12 @@ inline const CLI::Validator kPositive = number_check(false);
 /// A number >= 0.
 inline const CLI::Validator kNonNegative = number_check(true);
 
+/// The --backend flag's help: the rule for an empty backend in the words of
+/// InitOptions::backend's doc comment (include/ddp/distributed/process_group.h);
+/// tests/examples checks that they agree.
+inline constexpr const char* kBackendHelp =
+    "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is visible; on CPUs "
+    "\"shm\" when every rank shares this host, else \"gloo\" (or \"hier\", shared memory "
+    "within hosts and Gloo between them).";
+
 }  // namespace examples

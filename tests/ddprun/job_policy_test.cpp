@@ -432,6 +432,38 @@ const std::vector<ElasticRow> kElasticRows = {
       {last_call_over(), wait()},
       {joined(2), last_call()},
       {last_call_over(), start_with(0, {0, 2})}}},
+    // Note [A quorum of the last attempt]
+    {"TwoOfThreeLostAtOnceAreNoQuorum",
+     1,
+     3,
+     3,
+     {{joined(0), last_call()},
+      {joined(1), wait()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {lost(1), restart(1, 1)},
+      {lost(2), exit_with(kExitLinkLost, 2)}}},  // node 0 alone may be the small side of a split
+    {"OneAtATimeKeepsAQuorum",
+     1,
+     3,
+     3,
+     {{joined(0), last_call()},
+      {joined(1), wait()},
+      {joined(2), start_with(0, {0, 1, 2})},
+      {lost(2), restart(1, 2)},
+      {stopped(0, 1), wait()},
+      {stopped(1, 1), start_with(1, {0, 1})},
+      {lost(1), restart(2, 1)},  // half of {0, 1}, with group 0
+      {stopped(0, 2), start_with(2, {0})}}},
+    {"HalfWithoutGroupZeroIsNoQuorum",
+     1,
+     4,
+     3,
+     {{joined(0), last_call()},
+      {joined(1), wait()},
+      {joined(2), wait()},
+      {joined(3), start_with(0, {0, 1, 2, 3})},
+      {lost(3), restart(1, 3)},
+      {lost(0), exit_with(kExitLinkLost, 0)}}},  // node 0's report never comes: a test of the rule
 };
 // clang-format on
 
@@ -498,6 +530,81 @@ TEST(JobPolicy, JoinTimeoutIsAJobError) {
   EXPECT_EQ(d.kind, Decision::Exit);
   EXPECT_EQ(d.error, "nodes 1 did not join within --rdzv-timeout 2 s");
   EXPECT_TRUE(d.why.empty());
+}
+
+TEST(JobPolicy, QuorumOfTheLastAttempt) {
+  EXPECT_TRUE(quorum_of({0, 1, 2}, {1, 2}));
+  EXPECT_FALSE(quorum_of({0, 1, 2}, {2}));
+  EXPECT_TRUE(quorum_of({0, 1}, {0}));   // half, with group 0 (the lowest node rank)
+  EXPECT_FALSE(quorum_of({0, 1}, {1}));  // half, without it
+  EXPECT_TRUE(quorum_of({1, 2, 5, 7}, {1, 7}));
+  EXPECT_FALSE(quorum_of({1, 2, 5, 7}, {2, 5}));
+  EXPECT_FALSE(quorum_of({0, 1, 2}, {3, 4}));  // hosts that joined later do not count
+  EXPECT_FALSE(quorum_of({}, {}));
+}
+
+// Note [A new coordinator]: node 1 goes on after node 0 was lost during attempt 2.
+TEST(JobPolicy, TakeOverRestartsTheMembersLeft) {
+  JobPolicy policy(3, 3, "run42", 2);  // --nnodes 2:3 --max-restarts 3
+  const Decision d =
+      policy.take_over(1, {0, 1, 2}, {}, 0, 2, 1, "its ddprun closed the connection");
+  ASSERT_EQ(d.kind, Decision::Restart);
+  EXPECT_EQ(d.attempt, 3);
+  EXPECT_EQ(d.node, 0);
+  EXPECT_EQ(d.restarts, 2);  // the loss of node 0 counts as a restart
+  EXPECT_TRUE(policy.started());
+  EXPECT_TRUE(policy.member(1));
+  EXPECT_TRUE(policy.member(2));
+  EXPECT_FALSE(policy.member(0));
+  EXPECT_EQ(policy.next_node(), 3);
+  EXPECT_EQ(policy.on(stopped(2, 3)).kind, Decision::Wait);
+  const Decision go = policy.on(stopped(1, 3));
+  ASSERT_EQ(go.kind, Decision::Start);
+  EXPECT_EQ(go.attempt, 3);
+  EXPECT_EQ(go.members, (std::vector<int>{1, 2}));  // node 1 is group 0: MASTER_ADDR is its own
+  EXPECT_EQ(go.restarts, 2);
+  EXPECT_EQ(policy.on(finished(2, 3)).kind, Decision::Wait);
+  EXPECT_EQ(policy.on(finished(1, 3)).kind, Decision::Exit);
+}
+
+TEST(JobPolicy, TakeOverWaitsForTheOthersOrLosesThem) {
+  JobPolicy policy(4, 3, "run42", 1);  // --nnodes 1:4
+  ASSERT_EQ(policy.take_over(1, {0, 1, 2, 3}, {}, 0, 0, 0, "lost").kind, Decision::Restart);
+  EXPECT_EQ(policy.on(stopped(1, 1)).kind, Decision::Wait);
+  EXPECT_EQ(policy.on(stopped(2, 1)).kind, Decision::Wait);
+  // Node 3 never rejoins: {1, 2} is half of {0, 1, 2, 3} without group 0.
+  const Decision d = policy.on(lost(3));
+  ASSERT_EQ(d.kind, Decision::Exit);
+  EXPECT_EQ(d.code, kExitLinkLost);
+  EXPECT_NE(d.why.find("not a majority"), std::string::npos) << d.why;
+}
+
+TEST(JobPolicy, TakeOverRefusedWithoutQuorumRestartsOrMin) {
+  {
+    JobPolicy policy(2, 3, "run42", 1);  // two hosts: node 1 alone is half, without group 0
+    const Decision d = policy.take_over(1, {0, 1}, {}, 0, 0, 0, "its ddprun stopped answering");
+    ASSERT_EQ(d.kind, Decision::Exit);
+    EXPECT_NE(d.why.find("its ddprun stopped answering"), std::string::npos) << d.why;
+    EXPECT_NE(d.why.find("network split"), std::string::npos) << d.why;
+  }
+  {
+    JobPolicy policy(3, 1, "run42", 1);
+    const Decision d = policy.take_over(1, {0, 1, 2}, {}, 0, 0, 1, "lost");
+    ASSERT_EQ(d.kind, Decision::Exit);
+    EXPECT_NE(d.why.find("--max-restarts 1"), std::string::npos) << d.why;
+  }
+  {
+    JobPolicy policy(3, 3, "run42", 3);  // MIN 3: two are too few
+    const Decision d = policy.take_over(2, {0, 1, 2}, {}, 0, 0, 0, "lost");
+    ASSERT_EQ(d.kind, Decision::Exit);
+    EXPECT_NE(d.why.find("--nnodes MIN"), std::string::npos) << d.why;
+  }
+  {
+    JobPolicy policy(5, 3, "run42", 1);  // node 1 was tried first and never listened
+    const Decision d = policy.take_over(2, {0, 1, 2, 3, 4}, {1}, 0, 0, 0, "lost");
+    ASSERT_EQ(d.kind, Decision::Restart);  // {2, 3, 4}: 3 of 5
+    EXPECT_FALSE(policy.member(1));
+  }
 }
 
 TEST(JobPolicy, StartedAndOver) {

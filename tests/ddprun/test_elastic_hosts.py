@@ -178,9 +178,9 @@ class ElasticHostsTest(T.DdprunTestCase):
         """Each host's node rank (None where its ddprun has not announced one yet)."""
         return [node_rank(read(err)) for _, _, err in self.outputs]
 
-    def run_elastic(self, runs, logs):
-        """The three-host run with node 1 killed after epoch 1; returns how many epochs
-        were trained at three ranks."""
+    def run_elastic(self, runs, logs, victim_node=1):
+        """The three-host run with node `victim_node` killed after epoch 1; returns how
+        many epochs were trained at three ranks."""
         t0 = time.monotonic()
         self.seen = set()
         procs = [self.start_host(h, runs, logs) for h in range(HOSTS.count)]
@@ -195,7 +195,7 @@ class ElasticHostsTest(T.DdprunTestCase):
         latest = os.path.join(run_dir, "checkpoints", "latest")
         self.watch(lambda: read_metrics(run_dir) and os.path.exists(latest), 240,
                    "epoch 1 did not end with its record and its checkpoint")
-        victim = nodes.index(1)
+        victim = nodes.index(victim_node)
         killed_after = max(m["epoch"] for m in read_metrics(run_dir))
         procs[victim].kill()  # SIGKILL: no goodbye on the control channel
         procs[victim].wait(timeout=30)
@@ -213,18 +213,25 @@ class ElasticHostsTest(T.DdprunTestCase):
             self.assertEqual(procs[h].returncode, 0, "host %d (node %d) failed\n%s" % (h, nodes[h], self.logs()))
         for h in range(HOSTS.count):
             self.watch(lambda: not HOSTS.pids(h), 10, "processes outlived host %d's ddprun" % h)
-        # Attempt 1: node 0 and the other survivor, renumbered 0 and 1, at restart 1 (the
+        # Attempt 1: the two survivors, renumbered 0 and 1 by node rank, at restart 1 (the
         # workers of attempt 0 that were still stopping may show up too).
-        other = survivors[1]
+        left = sorted(survivors, key=lambda h: nodes[h])
         self.assertEqual({w for w in self.seen if w[4] == 1},
-                         {(0, 0, 2, 0, 1), (other, 1, 2, 1, 1)}, self.logs())
+                         {(h, g, 2, g, 1) for g, h in enumerate(left)}, self.logs())
         self.assertEqual({w[4] for w in self.seen} - {0}, {1}, self.logs())
 
         out = "".join(read(o) for _, o, _ in self.outputs)
         err = {h: read(e) for h, _, e in self.outputs}
         for h in survivors:
             self.assertIn("ddprun: restarting all workers (restart 1 of 2)", err[h], self.logs())
-        self.assertIn("ddprun: starting attempt 1 on 2 node(s)", err[0], self.logs())
+        # The coordinator of attempt 1 announces it: node 0, or node 1 after node 0 was lost.
+        self.assertIn("ddprun: starting attempt 1 on 2 node(s)", err[left[0]], self.logs())
+        if victim_node == 0:
+            self.assertIn("ddprun: node 1 takes over as the coordinator at %s:%d"
+                          % (HOSTS.addrs[left[0]], RDZV_PORT), err[left[0]], self.logs())
+            self.assertIn("ddprun: rejoining the job at node 1 (%s:%d)"
+                          % (HOSTS.addrs[left[0]], RDZV_PORT), err[left[1]], self.logs())
+            self.assertIn("ddprun: node 2 rejoined", err[left[0]], self.logs())
         # --log-dir: attempt 0 ran ranks 0..2, attempt 1 ranks 0..1, and there was no attempt 2.
         self.assertEqual(sorted(os.listdir(logs)), ["0", "1"])
         self.assertEqual(sorted(os.listdir(os.path.join(logs, "0"))), ["rank0", "rank1", "rank2"])
@@ -237,9 +244,9 @@ class ElasticHostsTest(T.DdprunTestCase):
         self.assertEqual(int(resumed[0][2]), EPOCHS)
         self.assertTrue(killed_after <= k < EPOCHS, "resumed after %d epochs; the kill came after "
                         "epoch %d's metrics; %d epochs in all\n%s" % (k, killed_after, EPOCHS, self.logs()))
-        print("\nelastic run: node ranks %s (host: node); node 1 = host %d killed at %.1f s, after "
+        print("\nelastic run: node ranks %s (host: node); node %d = host %d killed at %.1f s, after "
               "epoch %d's metrics; attempt 1 resumed from %s (%d epochs at 3 ranks, %d at 2); "
-              "done at %.1f s" % (dict(enumerate(nodes)), victim, t_kill, killed_after, resumed[0][0],
+              "done at %.1f s" % (dict(enumerate(nodes)), victim_node, victim, t_kill, killed_after, resumed[0][0],
                                   k, EPOCHS - k, time.monotonic() - t0), file=sys.stderr)
         return k
 
@@ -267,8 +274,53 @@ class ElasticHostsTest(T.DdprunTestCase):
                       + ", ".join(differ))
 
     def test_lost_host_resumes_from_checkpoint(self):
+        self.check_lost_node(1)
+
+    def test_lost_node0_a_new_coordinator_goes_on(self):
+        """Node 0 (the endpoint's host, and rank 0's) is killed: nodes 1 and 2 hold two of
+        the last attempt's three hosts, a majority, so node 1 takes over as the coordinator,
+        node 2 rejoins it, and the job ends as a clean run with that schedule does."""
+        self.check_lost_node(0)
+
+    def test_two_hosts_without_node0_stop_and_say_how_to_resume(self):
+        """With --nnodes 1:2, node 1 alone is half of the last attempt without its group 0:
+        it cannot tell node 0's loss from a network split in which node 0 goes on (Note [A
+        quorum of the last attempt]), so it stops, naming the cause and the command that
+        resumes the job."""
+        procs = []
+        for h in (0, 1):
+            cmd = [T.DDPRUN, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
+                   "--rdzv-id", "pair-%d" % os.getpid(), "--max-restarts", "2", "--grace-period", "3",
+                   "--no-python", "--", "sleep", "600"]
+            out, err = (os.path.join(self.tmp, "pair%d.%s" % (h, s)) for s in ("out", "err"))
+            with open(out, "w") as fo, open(err, "w") as fe:
+                procs.append(subprocess.Popen(HOSTS.command(h, cmd), env=self.env(), stdout=fo,
+                                              stderr=fe, stdin=subprocess.DEVNULL))
+            self.procs.append(procs[-1])
+            self.outputs.append((h, out, err))
+        self.seen = set()
+        self.watch(lambda: "starting attempt 0 on 2 node(s)" in read(self.outputs[0][2]), 60,
+                   "the two hosts did not start")
+        self.watch(lambda: len({HOSTS.host_of(p) for p in T.pids_with_marker(self.marker)}) == 2,
+                   30, "the workers did not start on both hosts")
+        t_kill = time.monotonic()
+        HOSTS.kill_all(0)
+        self.watch(lambda: procs[1].poll() is not None, 30, "node 1 did not stop")
+        self.assertEqual(procs[1].returncode, 1, self.logs())
+        self.assertLess(time.monotonic() - t_kill, 20, self.logs())
+        self.watch(lambda: not HOSTS.pids(1), 10, "processes outlived node 1's ddprun")
+        err = read(self.outputs[1][2])
+        for part in ("ddprun: error: node 0's ddprun at %s:%d closed the connection"
+                     % (HOSTS.addrs[0], RDZV_PORT),
+                     "not a majority", "network split", "To resume, start the job again on every host",
+                     "--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d"):
+            self.assertIn(part, err, self.logs())
+        self.assertNotIn("takes over", err, self.logs())
+
+    def check_lost_node(self, victim_node):
         runs, ref_runs, logs = (os.path.join(self.tmp, d) for d in ("runs", "reference", "logs"))
-        k = self.run_elastic(runs, logs)
+        k = self.run_elastic(runs, logs, victim_node)
         self.run_reference(ref_runs, k)
         got, want = read_metrics(os.path.join(runs, "job")), read_metrics(os.path.join(ref_runs, "job"))
         self.assertEqual([m["epoch"] for m in got], list(range(1, EPOCHS + 1)))

@@ -152,6 +152,30 @@ TEST(Wire, Node0MessagesRoundTrip) {
   EXPECT_EQ(welcome.node, 3);
 }
 
+// Note [A new coordinator]: the members' addresses before each start, and a member
+// that comes back to a new coordinator.
+TEST(Wire, TakeoverLines) {
+  EXPECT_EQ(encode(Node0Message::peer_list({{0, "10.0.0.1"}, {2, "fd00::3"}})),
+            "peers 0=10.0.0.1,2=fd00::3");
+  EXPECT_EQ(encode(AgentMessage::rejoining({2, 5, "job42"})), "rejoin 2 5 job42");
+
+  const Node0Message peers = decode_node0_message("peers 1=10.9.9.2,3=host-c.example");
+  ASSERT_EQ(peers.kind, Node0Message::PeerList);
+  EXPECT_EQ(peers.peers, (Peers{{1, "10.9.9.2"}, {3, "host-c.example"}}));
+  const AgentMessage back = decode_agent_message(encode(AgentMessage::rejoining({3, 7, "r1"})));
+  ASSERT_EQ(back.kind, AgentMessage::Rejoining);
+  EXPECT_EQ(back.rejoin.node, 3);
+  EXPECT_EQ(back.rejoin.attempt, 7);
+  EXPECT_EQ(back.rejoin.run_id, "r1");
+
+  for (const char* bad : {"peers", "peers 1=", "peers =10.0.0.1", "peers 1:10.0.0.1", "peers 1=a,",
+                          "peers x=a", "peers 1=a 2=b"})
+    EXPECT_EQ(decode_node0_message(bad).kind, Node0Message::Invalid) << bad;
+  for (const char* bad :
+       {"rejoin", "rejoin 1 2", "rejoin x 2 id", "rejoin 1 y id", "rejoin 1 2 id more"})
+    EXPECT_EQ(decode_agent_message(bad).kind, AgentMessage::Invalid) << bad;
+}
+
 TEST(Wire, MissingTextReadsAsBefore) {
   // An empty <what> leaves no word behind the numbers.
   EXPECT_EQ(decode_agent_message("fail 0 3").event.why, "failed");

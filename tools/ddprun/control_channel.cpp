@@ -92,6 +92,24 @@ void Connection::close_gracefully(double deadline) {
   close();
 }
 
+std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {0};
+  const void* where = nullptr;
+  if (addr.ss_family == AF_INET) where = &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr;
+  if (addr.ss_family == AF_INET6) where = &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr;
+  if (!where || !inet_ntop(addr.ss_family, where, text, sizeof(text))) return "";
+  return text;
+}
+
+std::string JobView::address(int node) const {
+  for (const auto& [n, addr] : peers)
+    if (n == node) return addr;
+  return "";
+}
+
 static addrinfo* resolve(const std::string& addr, int port, bool passive, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

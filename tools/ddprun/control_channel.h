@@ -14,12 +14,17 @@
 
 #include "coordinator.h"
 #include "options.h"
+#include "wire.h"
 
 namespace ddprun {
 
 constexpr double kPingInterval = 2.0;
 constexpr double kPeerTimeout = 30.0;
 constexpr size_t kMaxMessage = 4096;
+// After the coordinator is lost: how long the others wait for the next one to listen,
+// and how long a new coordinator waits for the others to rejoin. Longer than
+// kPeerTimeout, since a host may see the loss that much later than another.
+constexpr double kTakeoverWindow = kPeerTimeout + 10;
 
 // One TCP connection carrying text lines.
 class Connection {
@@ -47,6 +52,23 @@ class Connection {
   std::string buffer_;
 };
 
+// The numeric address of the other end of connected socket `fd` ("" if unknown).
+std::string peer_address(int fd);
+
+// What a host of a MIN:MAX job knows of it, enough to go on when the coordinator is
+// lost (Note [A new coordinator]).
+struct JobView {
+  std::string run_id;
+  int attempt = -1;          // the attempt started last (-1: none yet)
+  int restarts = 0;          // restarts used so far
+  std::vector<int> members;  // that attempt's nodes, by group rank
+  Peers peers;               // their ddprun's addresses
+  int coordinator = 0;       // the node that decides
+  std::vector<int> gone;     // members known lost since that attempt started
+
+  std::string address(int node) const;  // "" if not known
+};
+
 // A listening socket on addr:port, or -1 with `error` set.
 int listen_tcp(const std::string& addr, int port, std::string& error);
 // The listening socket handed over as descriptor number `fd_text`, checked to listen on
@@ -65,5 +87,10 @@ std::unique_ptr<Coordinator> make_agent_coordinator(Options& o, int& exit_code);
 // that node 0 gives the next node rank; sets o.node_rank accordingly.
 std::unique_ptr<Coordinator> make_c10d_coordinator(Options& o, const std::string& run_id,
                                                    int& exit_code);
+// This host goes on as the coordinator of `view`'s job after `view.coordinator` was lost:
+// listens on its own address (view.peers) at --rdzv-port and waits for the others to
+// rejoin. Sets o.master_addr to that address; nullptr with `error` set if it cannot listen.
+std::unique_ptr<Coordinator> make_successor_coordinator(Options& o, const JobView& view,
+                                                        const std::string& why, std::string& error);
 
 }  // namespace ddprun

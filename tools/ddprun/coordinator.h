@@ -53,8 +53,10 @@ class Coordinator {
 // JobPolicy, and passes each decision on (announce() first, to other hosts).
 class DecidingCoordinator : public Coordinator {
  public:
-  // `min_nodes` < `nnodes`: torchrun's --nnodes MIN:MAX (see JobPolicy).
-  DecidingCoordinator(int nnodes, int max_restarts, std::string run_id, int min_nodes = 0);
+  // `min_nodes` < `nnodes`: torchrun's --nnodes MIN:MAX (see JobPolicy). `self`: this
+  // host's node rank (0, or a host that took over after node 0 was lost).
+  DecidingCoordinator(int nnodes, int max_restarts, std::string run_id, int min_nodes = 0,
+                      int self = 0);
 
   void local_failed(int attempt, int code, const std::string& what) override;
   void local_finished(int attempt) override;
@@ -63,13 +65,20 @@ class DecidingCoordinator : public Coordinator {
 
   // Decides on `e`: an event of this host (node 0), or one another host reported.
   void handle(const Event& e);
+  // This host goes on as the coordinator after `lost` was lost (JobPolicy::take_over).
+  void take_over(const std::vector<int>& last_members, const std::set<int>& gone, int lost,
+                 int attempt, int restarts, const std::string& why);
 
  protected:
   virtual void announce(const Decision& d) { (void)d; }
   const JobPolicy& policy() const { return policy_; }
+  int self() const { return self_; }
 
  private:
+  void pass_on(Decision d);
+
   JobPolicy policy_;
+  int self_;
 };
 
 std::unique_ptr<Coordinator> make_local_coordinator(int max_restarts, const std::string& run_id);

@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <set>
 
 #include "control_channel.h"
 #include "signals.h"
@@ -13,29 +15,53 @@
 namespace ddprun {
 namespace {
 
+// Note [A new coordinator]
+// With --nnodes MIN:MAX, node 0 is not needed to go on. Before each start node 0 sends
+// every member the members' addresses (as it sees them on the control channel). When
+// the link to the coordinator is lost after a start, each member stops its workers and
+// turns to the lowest node rank left among the last attempt's members, which is the
+// group 0 of the next attempt: that host listens on its own address at --rdzv-port and
+// takes over the job policy (JobPolicy::take_over); every other member connects there
+// and rejoins, trying for kTakeoverWindow before it turns to the next node rank. The
+// workers' MASTER_ADDR becomes the new coordinator's address. Whether the job goes on
+// is the quorum rule's (Note [A quorum of the last attempt]), so that two sides of a
+// network split never both do; a member checks it first with what it knows, and stops
+// with the cause and the command to resume when it cannot hold.
 class AgentCoordinator : public Coordinator {
  public:
-  AgentCoordinator(Options& o, int fd, double join_deadline)
+  // `rejoin`: this host connects to a new coordinator after the old one was lost.
+  AgentCoordinator(Options& o, int fd, double join_deadline, const JobView* rejoin = nullptr)
       : o_(o),
         conn_(fd),
         join_deadline_(join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
+    if (rejoin) {
+      view_ = *rejoin;
+      started_ = true;
+      conn_.send_line(encode(AgentMessage::rejoining({o.node_rank, view_.attempt, view_.run_id})));
+      return;
+    }
     conn_.send_line(encode(AgentMessage::introduce(
         {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : "", o.min_nodes})));
   }
 
   // Node 0 decides on these; the node of each event is the connection's.
   void local_failed(int attempt, int code, const std::string& what) override {
+    if (next_) return forward([&] { next_->local_failed(attempt, code, what); });
     report(Event::worker_failed(o_.node_rank, attempt, code, what));
   }
   void local_finished(int attempt) override {
+    if (next_) return forward([&] { next_->local_finished(attempt); });
     report(Event::workers_finished(o_.node_rank, attempt));
   }
   void local_stopped(int attempt) override {
+    if (next_) return forward([&] { next_->local_stopped(attempt); });
+    if (failing_over_) stopped_ = attempt;  // told to the next coordinator once found
     report(Event::workers_stopped(o_.node_rank, attempt));
   }
   // A host that stops for good does not wait for node 0 to agree.
   void local_abort(int code, const std::string& what) override {
+    if (next_) return forward([&] { next_->local_abort(code, what); });
     report(Event::aborted(o_.node_rank, code, what));
     Decision d;
     d.kind = Decision::Exit;
@@ -46,11 +72,13 @@ class AgentCoordinator : public Coordinator {
   }
 
   void add_poll_fds(std::vector<pollfd>& fds) override {
+    if (next_) return next_->add_poll_fds(fds);
     polled_ = conn_.is_open();
     if (polled_) fds.push_back({conn_.fd(), POLLIN, 0});
   }
 
   void on_poll(const pollfd* fds, size_t count) override {
+    if (next_) return forward([&] { next_->on_poll(fds, count); });
     if (!polled_ || count < 1 || !fds[0].revents) return;
     std::vector<std::string> lines;
     bool open = conn_.read_lines(lines);
@@ -59,6 +87,8 @@ class AgentCoordinator : public Coordinator {
   }
 
   void tick(double now) override {
+    if (next_) return forward([&] { next_->tick(now); });
+    if (failing_over_) return find_coordinator(now);
     if (!conn_.is_open()) return;
     if (!started_ && now > join_deadline_) {
       exit_error(kExitLinkLost, "node 0 at " + where_ +
@@ -71,7 +101,10 @@ class AgentCoordinator : public Coordinator {
     if (now - conn_.last_received > kPeerTimeout) lost("stopped answering");
   }
 
-  void shutdown(double timeout_s) override { conn_.close_gracefully(now_seconds() + timeout_s); }
+  void shutdown(double timeout_s) override {
+    if (next_) return next_->shutdown(timeout_s);
+    conn_.close_gracefully(now_seconds() + timeout_s);
+  }
 
  private:
   void send(const std::string& line) {
@@ -83,8 +116,12 @@ class AgentCoordinator : public Coordinator {
     if (exiting_) return;
     const Node0Message m = decode_node0_message(line);
     if (m.kind == Node0Message::Order) {
-      const Decision& d = m.decision;
+      Decision d = m.decision;
       if (d.kind == Decision::Exit) {
+        if (d.node == o_.node_rank && d.code != 0) {  // this host was dropped
+          d.error = d.why;
+          d.why.clear();
+        }
         exit_with(d);
         return;
       }
@@ -93,8 +130,17 @@ class AgentCoordinator : public Coordinator {
                    "node 0 at " + where_ + " started the job without giving this host a node rank");
         return;
       }
+      if (d.kind == Decision::Start) {
+        view_.run_id = d.run_id;
+        view_.attempt = d.attempt;
+        view_.members = d.members;
+        view_.gone.clear();
+      }
+      view_.restarts = std::max(view_.restarts, d.restarts);
       started_ = started_ || d.kind == Decision::Start;
       decide(d);
+    } else if (m.kind == Node0Message::PeerList) {
+      view_.peers = m.peers;
     } else if (m.kind == Node0Message::Welcome) {
       // c10d: this host's node rank, which its workers' ranks derive from.
       if (o_.node_rank < 0 && m.node > 0) {
@@ -102,16 +148,141 @@ class AgentCoordinator : public Coordinator {
         std::cerr << "ddprun: this host is node " << m.node << " of " << o_.nnodes << "\n";
       }
     } else if (m.kind == Node0Message::Refusal) {
-      exit_error(kExitUsage, "node 0 at " + where_ + " refused this host: " + m.refusal);
+      exit_error(kExitUsage, "node " + std::to_string(view_.coordinator) + " at " + where_ +
+                                 " refused this host: " + m.refusal);
     }
   }
 
   void lost(const std::string& how) {
     conn_.close();
     if (exiting_) return;
-    exit_error(kExitLinkLost, "the connection to node 0's ddprun at " + where_ + " " + how +
-                                  (started_ ? "" : " before the job started") +
-                                  "; stopping this host's workers");
+    const std::string who = "node " + std::to_string(view_.coordinator);
+    const std::string cause =
+        who + "'s ddprun at " + where_ + " " + how + (started_ ? "" : " before the job started");
+    const std::string why_not = why_no_takeover();
+    if (!why_not.empty()) {
+      exit_error(kExitLinkLost, cause + ", and the others cannot go on without it: " + why_not +
+                                    ". " + resume_hint());
+      return;
+    }
+    // Note [A new coordinator]: stop the workers now; the next coordinator restarts them.
+    std::set<int> gone(view_.gone.begin(), view_.gone.end());
+    gone.insert(view_.coordinator);
+    candidates_.clear();
+    for (int n : view_.members)
+      if (!gone.count(n)) candidates_.push_back(n);
+    candidate_ = 0;
+    failing_over_ = true;
+    failover_attempt_ = view_.attempt + 1;
+    lost_why_ = "its ddprun " + how + " (host down, ddprun killed, or network lost)";
+    deadline_ = now_seconds() + kTakeoverWindow;
+    std::cerr << "ddprun: " << cause << "; node " << candidates_[0]
+              << " (the lowest node rank left) takes over as the coordinator\n";
+    Decision d;
+    d.kind = Decision::Restart;
+    d.attempt = failover_attempt_;
+    d.node = view_.coordinator;
+    d.restarts = view_.restarts + 1;
+    d.why = lost_why_;
+    decide(d);
+  }
+
+  // Why this host cannot go on after its coordinator was lost; "" when it can try.
+  std::string why_no_takeover() const {
+    if (!o_.dynamic_rank() || o_.min_nodes >= o_.nnodes)
+      return "with a fixed --nnodes every host is needed (--nnodes MIN:MAX with --rdzv-backend "
+             "c10d lets the others go on without one)";
+    if (!started_ || view_.attempt < 0) return "the job had not started yet";
+    const bool member =
+        std::find(view_.members.begin(), view_.members.end(), o_.node_rank) != view_.members.end();
+    if (!member) return "this host was waiting to join and took no part in the last attempt";
+    if (view_.restarts >= o_.max_restarts)
+      return "no restart is left (--max-restarts " + std::to_string(o_.max_restarts) + ")";
+    std::set<int> last(view_.members.begin(), view_.members.end()), left = last;
+    for (int n : view_.gone) left.erase(n);
+    left.erase(view_.coordinator);
+    for (int n : left)
+      if (view_.address(n).empty()) return "node " + std::to_string(n) + "'s address is unknown";
+    if (static_cast<int>(left.size()) < o_.min_nodes)
+      return "at most " + std::to_string(left.size()) + " host(s) are left, fewer than " +
+             std::to_string(o_.min_nodes) + " (--nnodes MIN)";
+    if (!quorum_of(last, left))
+      return "at most " + std::to_string(left.size()) + " of the last attempt's " +
+             std::to_string(last.size()) +
+             " hosts are left, not a majority, and a lost node 0 "
+             "looks the same from here as a network split in which node 0 goes on";
+    return "";
+  }
+
+  std::string resume_hint() const {
+    return "To resume, start the job again on every host with the same command (with "
+           "--rdzv-endpoint naming a host that is up); a program that saves checkpoints "
+           "continues from its latest one. This host's command: " +
+           o_.command_line;
+  }
+
+  // Note [A new coordinator]: become it, or reach it; the next node rank after a while.
+  void find_coordinator(double now) {
+    if (candidate_ >= candidates_.size()) {
+      exit_error(kExitLinkLost, "no host took over after node " +
+                                    std::to_string(view_.coordinator) + " was lost. " +
+                                    resume_hint());
+      return;
+    }
+    JobView view = view_;
+    for (size_t i = 0; i < candidate_; ++i) view.gone.push_back(candidates_[i]);
+    const int c = candidates_[candidate_];
+    if (c == o_.node_rank) {
+      std::string error;
+      auto successor = make_successor_coordinator(o_, view, lost_why_, error);
+      if (!successor) {
+        exit_error(kExitLinkLost, "node " + std::to_string(c) + " cannot take over: " + error +
+                                      ". " + resume_hint());
+        return;
+      }
+      return adopt(std::move(successor));
+    }
+    if (now < next_try_) return;
+    std::string error;
+    const std::string addr = view_.address(c);
+    const int fd = connect_tcp(addr, o_.rdzv_port, 0.25, error);
+    if (fd >= 0) {
+      std::cerr << "ddprun: rejoining the job at node " << c << " (" << addr << ":" << o_.rdzv_port
+                << ")\n";
+      o_.master_addr = addr;  // the workers' rendezvous: group rank 0 runs there from now on
+      view.coordinator = c;
+      view.gone.push_back(view_.coordinator);
+      return adopt(std::make_unique<AgentCoordinator>(o_, fd, now, &view));
+    }
+    next_try_ = now + 0.5;
+    if (now < deadline_) return;
+    std::cerr << "ddprun: node " << c << " at " << addr << " did not take over within "
+              << static_cast<int>(kTakeoverWindow) << " s (" << error << ")\n";
+    ++candidate_;
+    deadline_ = now + kTakeoverWindow;
+  }
+
+  void adopt(std::unique_ptr<Coordinator> next) {
+    failing_over_ = false;
+    next_ = std::move(next);
+    forward([&] {
+      if (stopped_ == failover_attempt_) next_->local_stopped(stopped_);
+    });
+  }
+
+  // Runs `f` on the next coordinator and passes its decisions on, but for the restart
+  // that this host already began when the old coordinator was lost.
+  template <typename F>
+  void forward(F f) {
+    f();
+    Decision d;
+    while (next_->next(d)) {
+      if (!restart_seen_ && d.kind == Decision::Restart && d.attempt == failover_attempt_) {
+        restart_seen_ = true;
+        continue;
+      }
+      decide(std::move(d));
+    }
   }
 
   void exit_error(int code, const std::string& error) {
@@ -135,6 +306,18 @@ class AgentCoordinator : public Coordinator {
   bool polled_ = false;
   bool started_ = false;
   bool exiting_ = false;
+  JobView view_;  // what node 0 said of the job (MIN:MAX)
+  // Note [A new coordinator]: the search after the coordinator was lost.
+  bool failing_over_ = false;
+  std::vector<int> candidates_;  // the members left, by node rank
+  size_t candidate_ = 0;         // the one tried now
+  double deadline_ = 0;          // when to give up on it
+  double next_try_ = 0;
+  int failover_attempt_ = -1;  // the attempt the restart begun then will run
+  int stopped_ = -1;           // the attempt whose workers stopped meanwhile
+  std::string lost_why_;
+  bool restart_seen_ = false;
+  std::unique_ptr<Coordinator> next_;  // the coordinator found: all goes through it
 };
 
 // Sleeps up to `seconds`; returns a stop signal caught meanwhile, else 0.

@@ -6,7 +6,9 @@
 #include <climits>
 #include <cstdlib>
 #include <iostream>
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "control_channel.h"
 #include "sysinfo.h"
@@ -19,11 +21,34 @@ constexpr int kListener = INT_MIN;  // key of the listening socket in polled_
 
 class Node0Coordinator : public DecidingCoordinator {
  public:
-  Node0Coordinator(const Options& o, const std::string& run_id, int listener)
-      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id, o.min_nodes),
+  // `self`: 0, or the node that takes over (take_over_from) after node 0 was lost.
+  Node0Coordinator(const Options& o, const std::string& run_id, int listener, int self = 0)
+      : DecidingCoordinator(o.nnodes, o.max_restarts, run_id, o.min_nodes, self),
         o_(o),
         listener_(listener),
-        join_deadline_(now_seconds() + o.rdzv_timeout) {}
+        join_deadline_(now_seconds() + o.rdzv_timeout) {
+    addrs_[self] = o.master_addr;
+  }
+
+  // Note [A new coordinator]: goes on with the members of `v` that rejoin in time.
+  void take_over_from(const JobView& v, const std::string& why) {
+    for (const auto& [node, addr] : v.peers) addrs_[node] = addr;
+    addrs_[self()] = o_.master_addr;
+    std::set<int> gone(v.gone.begin(), v.gone.end());
+    gone.insert(v.coordinator);
+    for (int n : v.members)
+      if (!gone.count(n) && n != self()) awaited_.insert(n);
+    next_rank_ = policy().next_node();
+    for (int n : v.members) next_rank_ = std::max(next_rank_, n + 1);
+    rejoin_deadline_ = now_seconds() + kTakeoverWindow;
+    lost_coordinator_ = v.coordinator;
+    std::cerr << "ddprun: node " << self() << " takes over as the coordinator at " << o_.master_addr
+              << ":" << o_.rdzv_port << " (node " << v.coordinator << " was lost); a host that "
+              << "joins later must give --rdzv-endpoint " << o_.master_addr << ":" << o_.rdzv_port
+              << "\n";
+    take_over(v.members, gone, v.coordinator, v.attempt, v.restarts, why);
+    if (awaited_.empty()) rejoin_deadline_ = 0;
+  }
 
   ~Node0Coordinator() override {
     if (listener_ >= 0) ::close(listener_);
@@ -59,6 +84,16 @@ class Node0Coordinator : public DecidingCoordinator {
   }
 
   void tick(double now) override {
+    if (rejoin_deadline_ > 0 && now >= rejoin_deadline_) {
+      rejoin_deadline_ = 0;
+      const std::set<int> late = awaited_;
+      awaited_.clear();
+      for (int node : late)
+        handle(Event::node_lost(node, "it did not rejoin within " +
+                                          std::to_string(static_cast<int>(kTakeoverWindow)) +
+                                          " s after node " + std::to_string(lost_coordinator_) +
+                                          " was lost"));
+    }
     if (last_call_at_ > 0 && now >= last_call_at_) {
       last_call_at_ = 0;
       handle(Event::last_call_over());
@@ -108,6 +143,7 @@ class Node0Coordinator : public DecidingCoordinator {
   int handle_line(int key, const std::string& line) {
     AgentMessage m = decode_agent_message(line);
     if (m.kind == AgentMessage::Ping) return key;
+    if (key < 0 && m.kind == AgentMessage::Rejoining) return rejoin(key, m.rejoin);
     if (key < 0) return hello(key, m);
     if (m.kind == AgentMessage::Report) {
       m.event.node = key;
@@ -165,13 +201,45 @@ class Node0Coordinator : public DecidingCoordinator {
     }
     const int node = h.node == -1 ? next_rank_++ : h.node;
     if (h.node == -1) conn->send_line(encode(Node0Message::welcome(node)));
+    addrs_[node] = peer_address(conn->fd());
     conns_[node] = std::move(conn);
     handle(Event::joined(node));
     return node;
   }
 
+  // A member of the last attempt comes back after the coordinator it knew was lost; it
+  // gets the restart under way (or the exit decided meanwhile).
+  int rejoin(int key, const Rejoin& r) {
+    auto conn = std::move(conns_[key]);
+    conns_.erase(key);
+    std::string problem;
+    if (r.run_id != policy().run_id()) {
+      problem = "this host ran job '" + r.run_id + "' but node " + std::to_string(self()) +
+                " coordinates job '" + policy().run_id() + "'";
+    } else if (!awaited_.count(r.node)) {
+      problem = "node " + std::to_string(self()) + " does not wait for node " +
+                std::to_string(r.node) + " to rejoin (it was not a member of attempt " +
+                std::to_string(r.attempt) + ", or it came too late)";
+    }
+    if (!problem.empty()) {
+      std::cerr << "ddprun: refused a host: " << problem << "\n";
+      conn->send_line(encode(Node0Message::refuse(problem)));
+      conn->close_gracefully(now_seconds() + 1);
+      return 0;
+    }
+    awaited_.erase(r.node);
+    if (awaited_.empty()) rejoin_deadline_ = 0;
+    addrs_[r.node] = peer_address(conn->fd());
+    std::cerr << "ddprun: node " << r.node << " rejoined\n";
+    if (last_order_.kind != Decision::Wait)
+      conn->send_line(encode(Node0Message::order(last_order_)));
+    conns_[r.node] = std::move(conn);
+    return r.node;
+  }
+
   // Every decision reaches the other hosts before this host's supervisor acts on it.
   void announce(const Decision& d) override {
+    last_order_ = d;
     if (d.kind == Decision::LastCall) {
       last_call_at_ = now_seconds() + o_.last_call_timeout;
       std::cerr << "ddprun: " << o_.min_nodes << " node(s) joined (--nnodes " << o_.min_nodes << ":"
@@ -186,8 +254,17 @@ class Node0Coordinator : public DecidingCoordinator {
     // With MIN:MAX, hosts waiting to join take no part in a restart; they are started
     // with the next attempt's members.
     const std::string line = encode(Node0Message::order(d));
-    for (auto& [key, conn] : conns_)
-      if (key > 0 && (d.kind == Decision::Exit || policy().member(key))) conn->send_line(line);
+    std::string peers;
+    if (d.kind == Decision::Start && policy().elastic()) {  // for a new coordinator, if need be
+      Peers list;
+      for (int n : d.members) list.emplace_back(n, addrs_[n]);
+      peers = encode(Node0Message::peer_list(list));
+    }
+    for (auto& [key, conn] : conns_) {
+      if (key < 0 || key == self() || !(d.kind == Decision::Exit || policy().member(key))) continue;
+      if (!peers.empty()) conn->send_line(peers);
+      conn->send_line(line);
+    }
   }
 
   // The first start: every node has joined, so no other host is let in.
@@ -200,6 +277,18 @@ class Node0Coordinator : public DecidingCoordinator {
   }
 
   void lost(int key, const std::string& how) {
+    auto it = conns_.find(key);
+    if (it != conns_.end() && key >= 0) {
+      // A host that was only slow (stopped, swapped out) reads this before it could
+      // take the silence for node 0's loss: it stops instead of taking over.
+      Decision drop;
+      drop.kind = Decision::Exit;
+      drop.code = kExitLinkLost;
+      drop.node = key;
+      drop.why = "node " + std::to_string(self()) + " heard nothing from this host for " +
+                 std::to_string(static_cast<int>(kPeerTimeout)) + " s and goes on without it";
+      it->second->send_line(encode(Node0Message::order(drop)));
+    }
     conns_.erase(key);
     if (key < 0) return;
     handle(Event::node_lost(key,
@@ -212,8 +301,14 @@ class Node0Coordinator : public DecidingCoordinator {
   std::map<int, std::unique_ptr<Connection>> conns_;
   std::vector<int> polled_;
   int next_pending_ = -1;
-  int next_rank_ = 1;        // c10d: the node rank the next host to join gets
-  double last_call_at_ = 0;  // MIN:MAX: when the last call ends (0: none running)
+  int next_rank_ = 1;                 // c10d: the node rank the next host to join gets
+  double last_call_at_ = 0;           // MIN:MAX: when the last call ends (0: none running)
+  std::map<int, std::string> addrs_;  // each node's ddprun address, as seen here
+  Decision last_order_;               // the last decision announced
+  // After taking over: the members still to rejoin, until when, and whom they lost.
+  std::set<int> awaited_;
+  double rejoin_deadline_ = 0;
+  int lost_coordinator_ = -1;
 };
 
 }  // namespace
@@ -268,6 +363,25 @@ std::unique_ptr<Coordinator> make_node0_coordinator(const Options& o, const std:
     return nullptr;
   }
   return node0_on(o, run_id, fd);
+}
+
+std::unique_ptr<Coordinator> make_successor_coordinator(Options& o, const JobView& view,
+                                                        const std::string& why,
+                                                        std::string& error) {
+  const std::string addr = view.address(o.node_rank);
+  if (addr.empty()) {
+    error = "node 0 never told this host its own address";
+    return nullptr;
+  }
+  const int fd = listen_tcp(addr, o.rdzv_port, error);
+  if (fd < 0) {
+    error = "cannot listen on " + addr + ":" + std::to_string(o.rdzv_port) + ": " + error;
+    return nullptr;
+  }
+  o.master_addr = addr;  // the workers' rendezvous: group rank 0 runs here from now on
+  auto coordinator = std::make_unique<Node0Coordinator>(o, view.run_id, fd, o.node_rank);
+  coordinator->take_over_from(view, why);
+  return coordinator;
 }
 
 std::unique_ptr<Coordinator> make_c10d_coordinator(Options& o, const std::string& run_id,

@@ -1,5 +1,7 @@
 #include "job_policy.h"
 
+#include <algorithm>
+
 #include "exit_codes.h"
 
 namespace ddprun {
@@ -156,15 +158,61 @@ Decision JobPolicy::member_lost(const Event& e) {
   }
   if (waiting_.erase(e.node) || !member(e.node)) return {};
   members_.erase(e.node);
-  if (static_cast<int>(members_.size()) < min_nodes_)
-    return exit(kExitLinkLost, e.node,
-                e.why + "; fewer than " + std::to_string(min_nodes_) +
-                    " nodes (--nnodes MIN) are left");
+  if (Decision d = too_few(e.node, e.why); d.kind == Decision::Exit) return d;
   if (restart_decided_)  // it may have been the last one the restart waited for
     return all_members_in(stopped_nodes_) ? start(next_attempt_) : Decision{};
   if (restarts_used_ >= max_restarts_) return exit(kExitLinkLost, e.node, e.why);
   ++restarts_used_;
   return restart(attempt_ + 1, e.node, e.why);
+}
+
+Decision JobPolicy::too_few(int node, const std::string& why) {
+  const int left = static_cast<int>(members_.size());
+  if (left < min_nodes_)
+    return exit(kExitLinkLost, node,
+                why + "; fewer than " + std::to_string(min_nodes_) +
+                    " nodes (--nnodes MIN) are left");
+  if (!quorum(members_))
+    return exit(kExitLinkLost, node,
+                why + "; " + std::to_string(left) + " of the " +
+                    std::to_string(last_start_.size()) +
+                    " nodes of the last attempt are left, not a majority: a lost node and a "
+                    "network split look the same from here, and the other side may go on");
+  return {};
+}
+
+bool quorum_of(const std::set<int>& last, const std::set<int>& nodes) {
+  size_t in = 0;
+  for (int n : nodes) in += last.count(n);
+  if (2 * in != last.size()) return 2 * in > last.size();
+  return !last.empty() && nodes.count(*last.begin()) > 0;  // group 0: the lowest node rank
+}
+
+int JobPolicy::next_node() const {
+  int top = 0;
+  for (const auto* s : {&joined_nodes_, &members_, &last_start_, &waiting_})
+    if (!s->empty()) top = std::max(top, *s->rbegin());
+  return top + 1;
+}
+
+Decision JobPolicy::take_over(int self, const std::vector<int>& last_members,
+                              const std::set<int>& gone, int lost, int attempt, int restarts_used,
+                              const std::string& why) {
+  last_start_ = std::set<int>(last_members.begin(), last_members.end());
+  members_ = last_start_;
+  for (int n : gone) members_.erase(n);
+  members_.erase(lost);
+  members_.insert(self);
+  attempt_ = attempt;
+  restarts_used_ = restarts_used;
+  finished_nodes_.clear();
+  if (Decision d = too_few(lost, why); d.kind == Decision::Exit) return d;
+  if (restarts_used_ >= max_restarts_)
+    return exit(kExitLinkLost, lost,
+                why + "; no restart is left (--max-restarts " + std::to_string(max_restarts_) +
+                    ")");
+  ++restarts_used_;
+  return restart(attempt + 1, lost, why);
 }
 
 bool JobPolicy::all_members_in(const std::set<int>& nodes) const {
@@ -191,6 +239,7 @@ Decision JobPolicy::start(int attempt) {
   for (int n : waiting_)
     if (static_cast<int>(members_.size()) < nnodes_) members_.insert(n);
   waiting_.clear();
+  last_start_ = members_;
   attempt_ = attempt;
   restart_decided_ = false;
   finished_nodes_.clear();

@@ -40,6 +40,10 @@ struct Event {
   static Event last_call_over();
 };
 
+// Whether `nodes` hold a quorum of an attempt that started with `last` (Note [A quorum
+// of the last attempt]).
+bool quorum_of(const std::set<int>& last, const std::set<int>& nodes);
+
 // What every host does next.
 struct Decision {
   enum Kind {
@@ -83,7 +87,21 @@ struct Decision {
 //   it becomes a member at the next start. This restart does not count against
 //   `max_restarts`. While a restart is already under way, or once some node's workers
 //   have finished, the node just waits for the next start; a lost waiting node changes
-//   nothing.
+//   nothing;
+// - a lost member ends the job unless the members left are a quorum of the attempt
+//   started last (Note [A quorum of the last attempt]).
+//
+// Note [A quorum of the last attempt]
+// A host cannot tell a dead peer from a network split: on either side of a split the
+// others stop answering. If each side went on with the hosts it still sees, both would
+// train and write the same checkpoints. So a side goes on only while it holds more than
+// half of the hosts of the attempt started last, or exactly half of them with that
+// attempt's group 0 among them (the tie goes to the side of the lowest node rank). At
+// most one side of any split can hold such a quorum. The same rule lets the hosts left
+// after node 0 is lost pick a new coordinator (take_over) without node 0 agreeing: if
+// node 0 still runs on the other side of a split, it lacks the quorum and stops. The
+// price: two of three hosts lost at once (before a restart) end the job, even when they
+// really died, while one at a time they do not.
 class JobPolicy {
  public:
   // `min_nodes` 0 means `nnodes` (a fixed number of hosts).
@@ -91,6 +109,15 @@ class JobPolicy {
 
   // The decision `e` leads to; Wait when it leads to none.
   Decision on(const Event& e);
+
+  // MIN:MAX: this host (`self`) goes on as the coordinator after the coordinator `lost`
+  // was lost, while `attempt` ran on `last_members` after `restarts_used` restarts.
+  // `gone` (with `lost`) are members known lost since. Every other member counts as
+  // present until a NodeLost says otherwise; the next attempt starts once all of them
+  // have stopped (the Restart returned), or the job ends (Exit) when no restart is left,
+  // too few nodes are, or they are no quorum.
+  Decision take_over(int self, const std::vector<int>& last_members, const std::set<int>& gone,
+                     int lost, int attempt, int restarts_used, const std::string& why);
 
   // Whether the workers were started once (every node joined).
   bool started() const { return attempt_ >= 0; }
@@ -105,12 +132,20 @@ class JobPolicy {
                             (started() ? 0 : joined_nodes_.size()));
   }
   bool elastic() const { return min_nodes_ < nnodes_; }
+  // Whether `nodes` hold a quorum of the attempt started last (Note [A quorum of the
+  // last attempt]).
+  bool quorum(const std::set<int>& nodes) const { return quorum_of(last_start_, nodes); }
+  const std::string& run_id() const { return run_id_; }
+  // The node rank the next host to join would get (c10d): above every node seen.
+  int next_node() const;
 
  private:
   Decision start(int attempt);
   Decision restart(int attempt, int node, const std::string& why);
   Decision exit(int code, int node, const std::string& why);
   Decision member_lost(const Event& e);
+  // An Exit when the members left are fewer than min_nodes or no quorum, else Wait.
+  Decision too_few(int node, const std::string& why);
   bool all_members_in(const std::set<int>& nodes) const;
 
   const int nnodes_;
@@ -124,8 +159,9 @@ class JobPolicy {
   int restarts_used_ = 0;         // restarts decided for failures (not for joins)
   bool last_call_ = false;        // LastCall was decided
   std::set<int> joined_nodes_, finished_nodes_, stopped_nodes_;
-  std::set<int> members_;  // the nodes of the attempt started last
-  std::set<int> waiting_;  // joined after the start; members from the next start
+  std::set<int> members_;     // the nodes of the attempt started last, less those lost since
+  std::set<int> last_start_;  // the nodes of the attempt started last, as it started
+  std::set<int> waiting_;     // joined after the start; members from the next start
 };
 
 }  // namespace ddprun

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   std::optional<Options> parsed = parse_options(argc, argv, exit_code);
   if (!parsed) return exit_code;
   Options& o = *parsed;
+  o.command_line = shell_quoted(argc, argv);
 
   install_signal_pipe();
   // Orphaned descendants of the workers become ddprun's children, so they can

@@ -38,6 +38,7 @@ struct Options {
   std::vector<int> local_ranks_filter;  // local ranks shown on the console; empty: all
   std::vector<std::string> command;
   std::string program_path;  // command[0] as execvp would find it
+  std::string command_line;  // ddprun's own command line, quoted as a shell reads it
 
   bool multi_host() const { return nnodes > 1; }
   // Node ranks are handed out at rendezvous (node_rank is -1 until then on nodes 1..N-1).

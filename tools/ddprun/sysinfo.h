@@ -15,6 +15,8 @@ int gpu_count();
 
 std::string host_name();
 std::string random_hex_id(int bytes);
+// argv as one line that a shell reads back into the same words.
+std::string shell_quoted(int argc, char** argv);
 
 // Binds port 0 on 127.0.0.1 and returns the port the kernel chose (0 on error).
 int pick_free_port();

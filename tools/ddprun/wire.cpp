@@ -39,6 +39,20 @@ AgentMessage AgentMessage::report(const Event& e) {
   return m;
 }
 
+AgentMessage AgentMessage::rejoining(const Rejoin& r) {
+  AgentMessage m;
+  m.kind = Rejoining;
+  m.rejoin = r;
+  return m;
+}
+
+Node0Message Node0Message::peer_list(const Peers& peers) {
+  Node0Message m;
+  m.kind = PeerList;
+  m.peers = peers;
+  return m;
+}
+
 Node0Message Node0Message::ping() {
   Node0Message m;
   m.kind = Ping;
@@ -74,6 +88,9 @@ std::string encode(const AgentMessage& m) {
       return "";
     case AgentMessage::Ping:
       return "ping";
+    case AgentMessage::Rejoining:
+      return "rejoin " + to_string(m.rejoin.node) + " " + to_string(m.rejoin.attempt) + " " +
+             m.rejoin.run_id;
     case AgentMessage::Hello:
       return "hello " + to_string(m.hello.node) + " " +
              (m.hello.min_nodes > 0 && m.hello.min_nodes < m.hello.nnodes
@@ -116,6 +133,12 @@ AgentMessage decode_agent_message(const std::string& line) {
                                      read_int(hw[2].substr(colon + 1), h.nnodes);
     if (hw.size() <= 5 && read_int(hw[1], h.node) && nnodes_ok && read_int(hw[3], h.nproc))
       m = AgentMessage::introduce(h);
+  } else if (w[0] == "rejoin" && w.size() == 4) {
+    Rejoin r;
+    r.run_id = w[3];
+    if (r.run_id.find(' ') == std::string::npos && read_int(w[1], r.node) &&
+        read_int(w[2], r.attempt))
+      m = AgentMessage::rejoining(r);
   } else if (w[0] == "fail" && w.size() >= 3) {
     if (read_int(w[1], attempt) && read_int(w[2], code))
       m = AgentMessage::report(Event::worker_failed(-1, attempt, code, text_at(w, 3, "failed")));
@@ -143,6 +166,12 @@ std::string encode(const Node0Message& m) {
       return "error " + m.refusal;
     case Node0Message::Welcome:
       return "welcome " + to_string(m.node);
+    case Node0Message::PeerList: {
+      std::string line = "peers";
+      for (size_t i = 0; i < m.peers.size(); ++i)
+        line += (i ? "," : " ") + to_string(m.peers[i].first) + "=" + m.peers[i].second;
+      return line;
+    }
     case Node0Message::Order:
       switch (d.kind) {
         case Decision::Start: {
@@ -188,6 +217,20 @@ Node0Message decode_node0_message(const std::string& line) {
       }
     }
     if (ok) m = Node0Message::order(d);
+  } else if (w[0] == "peers" && w.size() == 2) {
+    Peers peers;
+    bool ok = true;
+    for (size_t pos = 0; ok && pos <= w[1].size();) {
+      size_t end = w[1].find(',', pos);
+      if (end == std::string::npos) end = w[1].size();
+      const std::string item = w[1].substr(pos, end - pos);
+      const size_t eq = item.find('=');
+      int node = 0;
+      ok = eq != std::string::npos && eq + 1 < item.size() && read_int(item.substr(0, eq), node);
+      if (ok) peers.emplace_back(node, item.substr(eq + 1));
+      pos = end + 1;
+    }
+    if (ok) m = Node0Message::peer_list(peers);
   } else if (w[0] == "welcome" && w.size() == 2) {
     int node = -1;
     if (read_int(w[1], node)) m = Node0Message::welcome(node);

@@ -8,9 +8,14 @@
 //                    finished <attempt>               (its workers all exited 0)
 //                    stopped <attempt>                (its workers are gone, ready to restart)
 //                    abort <code> <what>              (it stops for good, e.g. SIGINT)
+//                    rejoin <node> <attempt> <run-id> (to a new coordinator after node 0
+//                                                      was lost; see coordinator_agent.cpp)
 //   node 0 -> agent: welcome <node>                   (joined; c10d: its node rank)
-//                    go <attempt> <run-id> [<n>,<n>...] (start the workers; with
-//                                                      --nnodes MIN:MAX, the members by group rank)
+//                    go <attempt> <restarts> <run-id> [<n>,<n>...] (start the workers;
+//                                                      with --nnodes MIN:MAX, the members by
+//                                                      group rank)
+//                    peers <n>=<addr>,<n>=<addr>...  (MIN:MAX, before each go: every member's
+//                                                      address, for a new coordinator)
 //                    restart <attempt> <node> <what>  (stop them; wait for the next go)
 //                    done                             (every host succeeded: exit 0)
 //                    abort <code> <node> <what>       (stop them and exit with <code>)
@@ -39,10 +44,22 @@ struct Introduction {
   int min_nodes = 0;   // --nnodes MIN:MAX; 0 (or nnodes): a fixed number
 };
 
+// A host that ran `attempt` of job `run_id` as node `node`, and asks the new
+// coordinator to take it back after the old one was lost.
+struct Rejoin {
+  int node = 0;
+  int attempt = 0;
+  std::string run_id;
+};
+
+// Where each member's ddprun can be reached: (node, address), by node rank.
+using Peers = std::vector<std::pair<int, std::string>>;
+
 // A message from an agent to node 0.
 struct AgentMessage {
-  enum Kind { Invalid, Ping, Hello, Report } kind = Invalid;
+  enum Kind { Invalid, Ping, Hello, Report, Rejoining } kind = Invalid;
   Introduction hello;  // Hello
+  Rejoin rejoin;       // Rejoining
   // Report: a WorkerFailed, WorkersFinished, WorkersStopped or Aborted event.
   // Its node is not sent: node 0 knows the connection it came from.
   Event event;
@@ -50,21 +67,24 @@ struct AgentMessage {
   static AgentMessage ping();
   static AgentMessage introduce(const Introduction& hello);
   static AgentMessage report(const Event& e);
+  static AgentMessage rejoining(const Rejoin& r);
 };
 
 // A message from node 0 to an agent.
 struct Node0Message {
-  enum Kind { Invalid, Ping, Welcome, Order, Refusal } kind = Invalid;
+  enum Kind { Invalid, Ping, Welcome, Order, Refusal, PeerList } kind = Invalid;
   int node = -1;  // Welcome: the node rank of the host that joined
   // Order: a Start, Restart or Exit decision. An Exit with code 0 is sent as
   // `done`, without node or why.
   Decision decision;
   std::string refusal;  // Refusal: why this host may not join
+  Peers peers;          // PeerList (addresses without spaces, commas or '=')
 
   static Node0Message ping();
   static Node0Message welcome(int node);
   static Node0Message order(const Decision& d);
   static Node0Message refuse(const std::string& problem);
+  static Node0Message peer_list(const Peers& peers);
 };
 
 // The line for `m` (without the newline); empty for an Invalid message, or an

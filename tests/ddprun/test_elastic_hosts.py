@@ -116,6 +116,7 @@ class ElasticHostsTest(T.DdprunTestCase):
     def setUp(self):
         super().setUp()
         self.outputs = []  # (host, stdout path, stderr path) of each ddprun started
+        self.seen = set()  # workers seen by watch()
 
     def tearDown(self):
         for host in range(HOSTS.count):
@@ -317,6 +318,57 @@ class ElasticHostsTest(T.DdprunTestCase):
                      "--nnodes 1:2 --nproc-per-node 1 --rdzv-backend c10d"):
             self.assertIn(part, err, self.logs())
         self.assertNotIn("takes over", err, self.logs())
+
+    def test_node0_cut_off_the_majority_goes_on_alone(self):
+        """A network split, not a death: node 0's cable is pulled (its port on the bridge
+        goes down), so every ddprun only sees silence. After kPeerTimeout (30 s) nodes 1
+        and 2, two of the last attempt's three hosts, go on with node 1 as the coordinator
+        and MASTER_ADDR on host 1, while node 0, alone, lacks the quorum and stops: never
+        do both sides train."""
+        stop_file = os.path.join(self.tmp, "stop")
+        report = os.path.join(self.tmp, "workers.txt")
+        script = ('echo "$GROUP_RANK $WORLD_SIZE $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT" >> %s; '
+                  'while [ ! -e %s ]; do sleep 0.2; done' % (report, stop_file))
+        procs = []
+        for h in range(3):
+            # MIN 1: node 0 alone has enough hosts; only the quorum rule stops it.
+            cmd = [T.DDPRUN, "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
+                   "--rdzv-id", "split-%d" % os.getpid(), "--max-restarts", "2", "--grace-period", "2",
+                   "--no-python", "--", "sh", "-c", script]
+            out, err = (os.path.join(self.tmp, "split%d.%s" % (h, s)) for s in ("out", "err"))
+            with open(out, "w") as fo, open(err, "w") as fe:
+                procs.append(subprocess.Popen(HOSTS.command(h, cmd), env=self.env(), stdout=fo,
+                                              stderr=fe, stdin=subprocess.DEVNULL))
+            self.procs.append(procs[-1])
+            self.outputs.append((h, out, err))
+            if h == 0:  # host 0 serves the endpoint: it is node 0
+                self.watch(lambda: "node 0 waiting" in read(err), 30, "host 0 did not listen")
+        self.seen = set()
+        self.watch(lambda: len(read(report).splitlines()) == 3, 60, "attempt 0 did not start")
+        nodes = self.node_ranks()
+        self.assertEqual((nodes[0], sorted(nodes)), (0, [0, 1, 2]), self.logs())
+        successor = nodes.index(1)  # hosts 1 and 2 join in either order
+        # Pull host 0's cable: its port on the bridge goes down, nothing reaches it any more.
+        t_cut = time.monotonic()
+        N.ip("-n", HOSTS.bridge_ns, "link", "set", "h0", "down")
+        self.watch(lambda: len(read(report).splitlines()) == 5, 120,
+                   "nodes 1 and 2 did not start attempt 1")
+        self.watch(lambda: procs[0].poll() is not None, 30, "node 0 did not stop")
+        self.assertEqual(procs[0].returncode, 1, self.logs())
+        err0 = read(self.outputs[0][2])
+        self.assertIn("not a majority", err0, self.logs())
+        attempt1 = sorted(tuple(line.split()) for line in read(report).splitlines()[3:])
+        master = HOSTS.addrs[successor]
+        self.assertEqual(attempt1, [("0", "2", master, "1"), ("1", "2", master, "1")], self.logs())
+        self.assertIn("takes over as the coordinator", read(self.outputs[successor][2]), self.logs())
+        with open(stop_file, "w"):
+            pass
+        for h in (1, 2):
+            self.watch(lambda: procs[h].poll() is not None, 30, "node %d did not finish" % h)
+            self.assertEqual(procs[h].returncode, 0, self.logs())
+        print("\nsplit: node 0 cut off; attempt 1 on nodes 1 and 2 started %.1f s later"
+              % (time.monotonic() - t_cut), file=sys.stderr)
 
     def check_lost_node(self, victim_node):
         runs, ref_runs, logs = (os.path.join(self.tmp, d) for d in ("runs", "reference", "logs"))

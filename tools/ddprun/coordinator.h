@@ -1,6 +1,7 @@
 // Who decides, for the whole job, whether to start, restart or stop workers.
 // On one host ddprun decides alone; on several hosts node 0's ddprun decides
-// and the others follow (see control_channel.h). Either way the decisions are
+// and the others follow (see control_channel.h), or, once node 0 is lost, the
+// host that took over (Note [A new coordinator] in coordinator_agent.cpp). Either way the decisions are
 // the job policy's (job_policy.h); a coordinator only carries events to it and
 // its decisions to the supervisor and the other hosts.
 #pragma once

@@ -352,6 +352,7 @@ class ElasticHostsTest(T.DdprunTestCase):
         # Pull host 0's cable: its port on the bridge goes down, nothing reaches it any more.
         t_cut = time.monotonic()
         N.ip("-n", HOSTS.bridge_ns, "link", "set", "h0", "down")
+        self.addCleanup(N.ip, "-n", HOSTS.bridge_ns, "link", "set", "h0", "up")  # the next test's
         self.watch(lambda: len(read(report).splitlines()) == 5, 120,
                    "nodes 1 and 2 did not start attempt 1")
         self.watch(lambda: procs[0].poll() is not None, 30, "node 0 did not stop")

@@ -140,7 +140,11 @@ class AgentCoordinator : public Coordinator {
       started_ = started_ || d.kind == Decision::Start;
       decide(d);
     } else if (m.kind == Node0Message::PeerList) {
+      // Before a start: the new members; before a restart: the members left.
       view_.peers = m.peers;
+      view_.gone.clear();
+      for (int n : view_.members)
+        if (view_.address(n).empty()) view_.gone.push_back(n);
     } else if (m.kind == Node0Message::Welcome) {
       // c10d: this host's node rank, which its workers' ranks derive from.
       if (o_.node_rank < 0 && m.node > 0) {

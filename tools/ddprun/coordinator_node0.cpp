@@ -254,10 +254,13 @@ class Node0Coordinator : public DecidingCoordinator {
     // With MIN:MAX, hosts waiting to join take no part in a restart; they are started
     // with the next attempt's members.
     const std::string line = encode(Node0Message::order(d));
+    // MIN:MAX: the members' addresses for a new coordinator, if need be (Note [A new
+    // coordinator]); before a restart, those left, so that the others know who was lost.
     std::string peers;
-    if (d.kind == Decision::Start && policy().elastic()) {  // for a new coordinator, if need be
+    if ((d.kind == Decision::Start || d.kind == Decision::Restart) && policy().elastic()) {
       Peers list;
-      for (int n : d.members) list.emplace_back(n, addrs_[n]);
+      for (const auto& [n, addr] : addrs_)
+        if (policy().member(n)) list.emplace_back(n, addr);
       peers = encode(Node0Message::peer_list(list));
     }
     for (auto& [key, conn] : conns_) {

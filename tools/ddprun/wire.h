@@ -14,8 +14,9 @@
 //                    go <attempt> <restarts> <run-id> [<n>,<n>...] (start the workers;
 //                                                      with --nnodes MIN:MAX, the members by
 //                                                      group rank)
-//                    peers <n>=<addr>,<n>=<addr>...  (MIN:MAX, before each go: every member's
-//                                                      address, for a new coordinator)
+//                    peers <n>=<addr>,<n>=<addr>...  (MIN:MAX, before each go or restart:
+//                                                      the members' addresses, for a new
+//                                                      coordinator; those left before a restart)
 //                    restart <attempt> <node> <what>  (stop them; wait for the next go)
 //                    done                             (every host succeeded: exit 0)
 //                    abort <code> <node> <what>       (stop them and exit with <code>)

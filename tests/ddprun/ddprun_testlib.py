@@ -120,6 +120,15 @@ def wait_for(predicate, timeout, step=0.05):
     return predicate()
 
 
+def read_text(path):
+    """The file's text ("" while it does not exist or cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def read_pids(pid_dir):
     pids = {}
     for name in os.listdir(pid_dir):

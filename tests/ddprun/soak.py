@@ -103,12 +103,7 @@ class Hang(Exception):
     """A step of the trial did not happen in time."""
 
 
-def read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+read = T.read_text
 
 
 def tail(path, lines=15):
@@ -519,13 +514,17 @@ class Trial:
         if victim == 1:
             self.start(2)  # the job must start on hosts 0 and 2 and finish
 
-    def phase_allreduce(self):
+    def start_all_and_train(self, lo, hi):
+        """Starts every host, waits for training, then a random lo..hi seconds more."""
         for h in range(self.nhosts):
             self.start(h)
         for h in range(self.nhosts):
             self.wait_node_rank(h)
         self.wait_training()
-        time.sleep(self.rng.uniform(0.3, 2.5))
+        time.sleep(self.rng.uniform(lo, hi))
+
+    def phase_allreduce(self):
+        self.start_all_and_train(0.3, 2.5)
         node0 = self.host_of_node(0)
         b = node0 if self.variant == "node0" else self.rng.choice(
             [h for h in range(self.nhosts) if h != node0])
@@ -607,12 +606,7 @@ class Trial:
             watch.close()
 
     def phase_restart(self):
-        for h in range(self.nhosts):
-            self.start(h)
-        for h in range(self.nhosts):
-            self.wait_node_rank(h)
-        self.wait_training()
-        time.sleep(self.rng.uniform(0.3, 1.5))
+        self.start_all_and_train(0.3, 1.5)
         node0 = self.host_of_node(0)
         first = self.rng.choice([h for h in range(self.nhosts) if h != node0])
         moment = self.rng.choice(["stopping", "starting"])

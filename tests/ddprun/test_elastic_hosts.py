@@ -61,12 +61,7 @@ TRAIN_ARGS = ["--epochs", str(EPOCHS), "--train-samples", "6144", "--test-sample
 RESUMED = re.compile(r"\[rank 0\]: resuming from (\S+): (\d+) of (\d+) epochs done")
 
 
-def read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+read = T.read_text
 
 
 def read_metrics(run_dir):
@@ -123,19 +118,27 @@ class ElasticHostsTest(T.DdprunTestCase):
             HOSTS.kill_all(host)
         super().tearDown()
 
-    def start_host(self, host, runs, logs):
-        out, err = (os.path.join(self.tmp, "host%d.%s" % (host, s)) for s in ("out", "err"))
-        cmd = [T.DDPRUN, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
-               "--rdzv-id", "elastic-%d" % os.getpid(), "--max-restarts", "2",
-               "--rdzv-conf", "join_timeout=60,last_call_timeout=30", "--grace-period", "3",
-               "--log-dir", logs, "--", EXAMPLE, "--run-dir", runs] + TRAIN_ARGS
+    def ddprun(self, nnodes, rdzv_id, grace_period=3):
+        """The command every host runs: c10d with host 0's endpoint, one worker per host."""
+        return [T.DDPRUN, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
+                "--rdzv-id", "%s-%d" % (rdzv_id, os.getpid()), "--max-restarts", "2",
+                "--grace-period", str(grace_period)]
+
+    def spawn(self, host, cmd, tag="host"):
+        """Starts `cmd` on `host`, its output in <tmp>/<tag><host>.out and .err."""
+        out, err = (os.path.join(self.tmp, "%s%d.%s" % (tag, host, s)) for s in ("out", "err"))
         with open(out, "w") as fo, open(err, "w") as fe:
             p = subprocess.Popen(HOSTS.command(host, cmd), env=self.env(OMP_NUM_THREADS=1),
                                  stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         self.procs.append(p)
         self.outputs.append((host, out, err))
         return p
+
+    def start_host(self, host, runs, logs):
+        return self.spawn(host, self.ddprun("2:3", "elastic") + [
+            "--rdzv-conf", "join_timeout=60,last_call_timeout=30", "--log-dir", logs, "--",
+            EXAMPLE, "--run-dir", runs] + TRAIN_ARGS)
 
     def logs(self):
         """Every ddprun's output so far, for failure messages."""
@@ -288,19 +291,8 @@ class ElasticHostsTest(T.DdprunTestCase):
         it cannot tell node 0's loss from a network split in which node 0 goes on (Note [A
         quorum of the last attempt]), so it stops, naming the cause and the command that
         resumes the job."""
-        procs = []
-        for h in (0, 1):
-            cmd = [T.DDPRUN, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
-                   "--rdzv-id", "pair-%d" % os.getpid(), "--max-restarts", "2", "--grace-period", "3",
-                   "--no-python", "--", "sleep", "600"]
-            out, err = (os.path.join(self.tmp, "pair%d.%s" % (h, s)) for s in ("out", "err"))
-            with open(out, "w") as fo, open(err, "w") as fe:
-                procs.append(subprocess.Popen(HOSTS.command(h, cmd), env=self.env(), stdout=fo,
-                                              stderr=fe, stdin=subprocess.DEVNULL))
-            self.procs.append(procs[-1])
-            self.outputs.append((h, out, err))
-        self.seen = set()
+        procs = [self.spawn(h, self.ddprun("1:2", "pair") + ["--no-python", "--", "sleep", "600"],
+                            "pair") for h in (0, 1)]
         self.watch(lambda: "starting attempt 0 on 2 node(s)" in read(self.outputs[0][2]), 60,
                    "the two hosts did not start")
         self.watch(lambda: len({HOSTS.host_of(p) for p in T.pids_with_marker(self.marker)}) == 2,
@@ -332,19 +324,11 @@ class ElasticHostsTest(T.DdprunTestCase):
         procs = []
         for h in range(3):
             # MIN 1: node 0 alone has enough hosts; only the quorum rule stops it.
-            cmd = [T.DDPRUN, "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT),
-                   "--rdzv-id", "split-%d" % os.getpid(), "--max-restarts", "2", "--grace-period", "2",
-                   "--no-python", "--", "sh", "-c", script]
-            out, err = (os.path.join(self.tmp, "split%d.%s" % (h, s)) for s in ("out", "err"))
-            with open(out, "w") as fo, open(err, "w") as fe:
-                procs.append(subprocess.Popen(HOSTS.command(h, cmd), env=self.env(), stdout=fo,
-                                              stderr=fe, stdin=subprocess.DEVNULL))
-            self.procs.append(procs[-1])
-            self.outputs.append((h, out, err))
+            cmd = self.ddprun("1:3", "split", 2) + ["--no-python", "--", "sh", "-c", script]
+            procs.append(self.spawn(h, cmd, "split"))
             if h == 0:  # host 0 serves the endpoint: it is node 0
-                self.watch(lambda: "node 0 waiting" in read(err), 30, "host 0 did not listen")
-        self.seen = set()
+                self.watch(lambda: "node 0 waiting" in read(self.outputs[0][2]), 30,
+                           "host 0 did not listen")
         self.watch(lambda: len(read(report).splitlines()) == 3, 60, "attempt 0 did not start")
         nodes = self.node_ranks()
         self.assertEqual((nodes[0], sorted(nodes)), (0, [0, 1, 2]), self.logs())

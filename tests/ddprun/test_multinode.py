@@ -97,6 +97,22 @@ class MultiNodeTest(T.DdprunTestCase):
         self.assertIn("node 1 failed: its ddprun closed the connection", err0)
         self.assert_no_survivors(2.0)
 
+    def test_lost_node0_stops_node1_with_the_resume_command(self):
+        sleeper = ["sleep", "1000"]
+        n0 = self.node(0, sleeper)
+        n1 = self.node(1, sleeper)
+        self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
+        n0.kill()  # SIGKILL: no goodbye; its workers die with it (PR_SET_PDEATHSIG)
+        self.finish(n0)
+        rc1, _, err1 = self.finish(n1)
+        self.assertEqual(rc1, 1, err1)
+        for part in ("ddprun: error: node 0's ddprun at 127.0.0.1:%d closed the connection" % self.port,
+                     "with a fixed --nnodes every host is needed",
+                     "node 0 must run at --master-addr again",
+                     "This host's command: %s --nnodes 2 --node-rank 1" % T.DDPRUN):
+            self.assertIn(part, err1)
+        self.assert_no_survivors(2.0)
+
     def test_node0_missing_times_out(self):
         self.held.close()  # a port held without listening: node 0 is not there
         self.held = T.HeldPort(listen=False)

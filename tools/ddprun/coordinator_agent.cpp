@@ -219,9 +219,11 @@ class AgentCoordinator : public Coordinator {
   }
 
   std::string resume_hint() const {
-    return "To resume, start the job again on every host with the same command (with "
-           "--rdzv-endpoint naming a host that is up); a program that saves checkpoints "
-           "continues from its latest one. This host's command: " +
+    return std::string("To resume, start the job again on every host with the same command (") +
+           (o_.dynamic_rank() ? "with --rdzv-endpoint naming a host that is up"
+                              : "node 0 must run at --master-addr again") +
+           "); a program that saves checkpoints continues from its latest one. This host's "
+           "command: " +
            o_.command_line;
   }
 

@@ -72,6 +72,22 @@ class FlightRecorderTest(T.DdprunTestCase):
         self.assertFalse(os.path.exists(d), "empty flight recorder folder %s left behind" % d)
         self.assertNotIn(SUMMARY, err)
 
+    def test_dumps_without_collectives_are_left_out(self):
+        # A rank that stopped before its first collective writes a dump with no entries at
+        # shutdown: nothing to line up, so the summary leaves it out ...
+        rc, err, runs = self.run_job(nproc=3, FAIL_RANK=1, WRITE_RANKS="0", EMPTY_RANKS="1 2")
+        self.assertEqual(rc, 3, err)
+        d = self.attempt_dir(runs, 0)
+        summary = err[err.index("first failure:"):]
+        self.assertIn(SUMMARY + "\n  %s/flight_recorder.rank0.json\n  line them up" % d, summary)
+
+    def test_only_dumps_without_collectives_leave_no_folder(self):
+        rc, err, runs = self.run_job(nproc=2, FAIL_RANK=1, EMPTY_RANKS="0 1")
+        self.assertEqual(rc, 3, err)
+        d = self.attempt_dir(runs, 0)
+        self.assertNotIn(SUMMARY, err)
+        self.assertFalse(os.path.exists(d), "flight recorder folder %s left behind" % d)
+
     def test_one_folder_per_attempt(self):
         # Attempt 0 fails with files (kept); attempt 1 succeeds (its folder removed).
         rc, err, runs = self.run_job(nproc=2, max_restarts=1, FAIL_RANK=1, WRITE_RANKS="1",

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <fstream>
 #include <sstream>
 
 namespace ddprun {
@@ -153,6 +154,26 @@ void remove_tree(const std::string& path) {
   if (!path.empty()) nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+namespace {
+
+// Whether `path` is a whole flight-recorder dump without a single collective (a rank
+// that stopped before its first one writes such a dump at shutdown): nothing to line up.
+// A dump cut short, or anything else, counts as having something.
+bool records_nothing(const std::string& path) {
+  std::ifstream in(path);
+  std::string text(4096, '\0');
+  in.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  const std::string key = "\"entries\": [";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return false;
+  const size_t next = text.find_first_not_of(" \t\r\n", at + key.size());
+  return next != std::string::npos && text.compare(next, 2, "]}") == 0 &&
+         text.find_first_not_of(" \t\r\n", next + 2) == std::string::npos;
+}
+
+}  // namespace
+
 std::vector<std::string> flight_recorder_files(const std::string& dir) {
   std::vector<std::pair<int, std::string>> found;
   DIR* d = opendir(dir.c_str());
@@ -167,6 +188,7 @@ std::vector<std::string> flight_recorder_files(const std::string& dir) {
     const std::string rank =
         name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
     if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (records_nothing(dir + "/" + name)) continue;
     found.emplace_back(std::stoi(rank), dir + "/" + name);
   }
   closedir(d);

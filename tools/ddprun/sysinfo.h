@@ -28,7 +28,8 @@ std::string find_program(const std::string& program, std::string& why, int& exit
 // Removes a folder and everything in it; errors are ignored.
 void remove_tree(const std::string& path);
 
-// The flight recorder files (flight_recorder.rank<r>.json) in `dir`, sorted by rank.
+// The flight recorder files (flight_recorder.rank<r>.json) in `dir`, sorted by rank;
+// whole dumps that record no collective are left out (nothing to line up).
 std::vector<std::string> flight_recorder_files(const std::string& dir);
 
 // Creates a folder and its missing parents; returns false with errno set.

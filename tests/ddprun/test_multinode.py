@@ -85,26 +85,25 @@ class MultiNodeTest(T.DdprunTestCase):
         self.assertIn("node 1 failed: stopped by SIGINT", err0)
         self.assert_no_survivors(1.0)
 
-    def test_lost_agent_stops_node0(self):
+    def kill_one_node(self, victim):
+        """Two nodes of sleepers; SIGKILLs node `victim`'s ddprun (no goodbye; its workers die
+        with it, PR_SET_PDEATHSIG) and returns the other's (returncode, stderr)."""
         sleeper = ["sleep", "1000"]
-        n0 = self.node(0, sleeper)
-        n1 = self.node(1, sleeper)
+        nodes = [self.node(0, sleeper), self.node(1, sleeper)]
         self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
-        n1.kill()  # SIGKILL: no goodbye; its workers die with it (PR_SET_PDEATHSIG)
-        self.finish(n1)
-        rc0, _, err0 = self.finish(n0)
+        nodes[victim].kill()
+        self.finish(nodes[victim])
+        rc, _, err = self.finish(nodes[1 - victim])
+        return rc, err
+
+    def test_lost_agent_stops_node0(self):
+        rc0, err0 = self.kill_one_node(1)
         self.assertEqual(rc0, 1, err0)
         self.assertIn("node 1 failed: its ddprun closed the connection", err0)
         self.assert_no_survivors(2.0)
 
     def test_lost_node0_stops_node1_with_the_resume_command(self):
-        sleeper = ["sleep", "1000"]
-        n0 = self.node(0, sleeper)
-        n1 = self.node(1, sleeper)
-        self.assertTrue(T.wait_for(lambda: len(T.pids_with_marker(self.marker)) >= 6, 30))
-        n0.kill()  # SIGKILL: no goodbye; its workers die with it (PR_SET_PDEATHSIG)
-        self.finish(n0)
-        rc1, _, err1 = self.finish(n1)
+        rc1, err1 = self.kill_one_node(0)
         self.assertEqual(rc1, 1, err1)
         for part in ("ddprun: error: node 0's ddprun at 127.0.0.1:%d closed the connection" % self.port,
                      "with a fixed --nnodes every host is needed",

@@ -38,8 +38,6 @@ class Node0Coordinator : public DecidingCoordinator {
     gone.insert(v.coordinator);
     for (int n : v.members)
       if (!gone.count(n) && n != self()) awaited_.insert(n);
-    next_rank_ = policy().next_node();
-    for (int n : v.members) next_rank_ = std::max(next_rank_, n + 1);
     rejoin_deadline_ = now_seconds() + kTakeoverWindow;
     lost_coordinator_ = v.coordinator;
     std::cerr << "ddprun: node " << self() << " takes over as the coordinator at " << o_.master_addr
@@ -47,6 +45,7 @@ class Node0Coordinator : public DecidingCoordinator {
               << "joins later must give --rdzv-endpoint " << o_.master_addr << ":" << o_.rdzv_port
               << "\n";
     take_over(v.members, gone, v.coordinator, v.attempt, v.restarts, why);
+    next_rank_ = policy().next_node();  // above every member of the last attempt
     if (awaited_.empty()) rejoin_deadline_ = 0;
   }
 

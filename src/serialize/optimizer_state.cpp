@@ -41,27 +41,27 @@ StateKey key_of(const at::Tensor& param) {
   return key;
 }
 
-enum class Kind { SGD, Adam, AdamW };
+enum class OptimizerKind { SGD, Adam, AdamW };
 
-const char* kind_name(Kind kind) {
+const char* kind_name(OptimizerKind kind) {
   switch (kind) {
-    case Kind::SGD:
+    case OptimizerKind::SGD:
       return "SGD";
-    case Kind::Adam:
+    case OptimizerKind::Adam:
       return "Adam";
-    case Kind::AdamW:
+    case OptimizerKind::AdamW:
       return "AdamW";
   }
   return "?";
 }
 
-Kind kind_of(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Kind::SGD;
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::AdamW;
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::Adam;
+OptimizerKind kind_of(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return OptimizerKind::SGD;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return OptimizerKind::AdamW;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return OptimizerKind::Adam;
   DDP_CHECK(false, "checkpoints support the optimizers torch::optim::SGD, Adam and AdamW, "
                    "but got another type. Save its state yourself in Checkpoint::extra.");
-  return Kind::SGD;
+  return OptimizerKind::SGD;
 }
 
 std::map<c10::TensorImpl*, std::string> parameter_names(const torch::nn::Module& model) {
@@ -84,16 +84,16 @@ void insert_adam_like(const Options& o, c10::impl::GenericDict& g) {
 }
 
 // Hyperparameters of one group, named as in Python's param_groups.
-c10::impl::GenericDict group_options(Kind kind, const torch::optim::OptimizerOptions& base) {
+c10::impl::GenericDict group_options(OptimizerKind kind, const torch::optim::OptimizerOptions& base) {
   c10::impl::GenericDict g = new_dict();
-  if (kind == Kind::SGD) {
+  if (kind == OptimizerKind::SGD) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(base);
     g.insert("lr", o.lr());
     g.insert("momentum", o.momentum());
     g.insert("dampening", o.dampening());
     g.insert("weight_decay", o.weight_decay());
     g.insert("nesterov", o.nesterov());
-  } else if (kind == Kind::Adam) {
+  } else if (kind == OptimizerKind::Adam) {
     insert_adam_like(static_cast<const torch::optim::AdamOptions&>(base), g);
   } else {
     insert_adam_like(static_cast<const torch::optim::AdamWOptions&>(base), g);
@@ -101,12 +101,12 @@ c10::impl::GenericDict group_options(Kind kind, const torch::optim::OptimizerOpt
   return g;
 }
 
-c10::impl::GenericDict param_state(Kind kind, const torch::optim::OptimizerParamState& base) {
+c10::impl::GenericDict param_state(OptimizerKind kind, const torch::optim::OptimizerParamState& base) {
   c10::impl::GenericDict s = new_dict();
-  if (kind == Kind::SGD) {
+  if (kind == OptimizerKind::SGD) {
     const auto& st = static_cast<const torch::optim::SGDParamState&>(base);
     if (st.momentum_buffer().defined()) s.insert("momentum_buffer", cpu(st.momentum_buffer()));
-  } else if (kind == Kind::Adam) {
+  } else if (kind == OptimizerKind::Adam) {
     const auto& st = static_cast<const torch::optim::AdamParamState&>(base);
     s.insert("step", st.step());
     s.insert("exp_avg", cpu(st.exp_avg()));
@@ -126,7 +126,7 @@ c10::impl::GenericDict param_state(Kind kind, const torch::optim::OptimizerParam
 
 c10::impl::GenericDict optimizer_state_dict(const torch::optim::Optimizer& optimizer,
                                             const torch::nn::Module& model) {
-  const Kind kind = kind_of(optimizer);
+  const OptimizerKind kind = kind_of(optimizer);
   const auto names = parameter_names(model);
   c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups = new_list();
@@ -162,7 +162,7 @@ struct Pending {
 };
 
 struct Loader {
-  Kind kind;
+  OptimizerKind kind;
   const std::string& where;
 
   at::Tensor tensor(const c10::impl::GenericDict& s, const std::string& key,
@@ -179,7 +179,7 @@ struct Loader {
   std::unique_ptr<torch::optim::OptimizerParamState> state(
       const c10::impl::GenericDict& s, const std::string& what, const at::Tensor& param,
       const c10::impl::GenericDict& group) const {
-    if (kind == Kind::SGD) {
+    if (kind == OptimizerKind::SGD) {
       auto st = std::make_unique<torch::optim::SGDParamState>();
       st->momentum_buffer(tensor(s, "momentum_buffer", what, param));
       return st;
@@ -197,7 +197,7 @@ struct Loader {
       st.exp_avg_sq(tensor(s, "exp_avg_sq", what, param));
       if (amsgrad) st.max_exp_avg_sq(tensor(s, "max_exp_avg_sq", what, param));
     };
-    if (kind == Kind::Adam) {
+    if (kind == OptimizerKind::Adam) {
       auto st = std::make_unique<torch::optim::AdamParamState>();
       fill(*st);
       return st;
@@ -212,7 +212,7 @@ struct Loader {
     const std::string what = "param_groups[" + std::to_string(index) + "]";
     get_double(g, "lr", what, where);
     get_double(g, "weight_decay", what, where);
-    if (kind == Kind::SGD) {
+    if (kind == OptimizerKind::SGD) {
       get_double(g, "momentum", what, where);
       get_double(g, "dampening", what, where);
       get_bool(g, "nesterov", what, where);
@@ -244,15 +244,15 @@ void set_adam_like(Options& o, const c10::impl::GenericDict& g) {
   o.amsgrad(g.at("amsgrad").toBool());
 }
 
-void set_group(Kind kind, torch::optim::OptimizerOptions& base, const c10::impl::GenericDict& g) {
-  if (kind == Kind::SGD) {
+void set_group(OptimizerKind kind, torch::optim::OptimizerOptions& base, const c10::impl::GenericDict& g) {
+  if (kind == OptimizerKind::SGD) {
     auto& o = static_cast<torch::optim::SGDOptions&>(base);
     o.lr(as_double(g.at("lr")));
     o.momentum(as_double(g.at("momentum")));
     o.dampening(as_double(g.at("dampening")));
     o.weight_decay(as_double(g.at("weight_decay")));
     o.nesterov(g.at("nesterov").toBool());
-  } else if (kind == Kind::Adam) {
+  } else if (kind == OptimizerKind::Adam) {
     set_adam_like(static_cast<torch::optim::AdamOptions&>(base), g);
   } else {
     set_adam_like(static_cast<torch::optim::AdamWOptions&>(base), g);
@@ -263,7 +263,7 @@ void set_group(Kind kind, torch::optim::OptimizerOptions& base, const c10::impl:
 
 Apply prepare_optimizer_load(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
                              const c10::IValue& saved, const std::string& where) {
-  const Kind kind = kind_of(optimizer);
+  const OptimizerKind kind = kind_of(optimizer);
   const c10::impl::GenericDict dict = as_dict(saved, "'optimizer'", where);
   const c10::IValue type = get(dict, "type", "'optimizer'", where);
   DDP_CHECK(type.isString() && type.toStringRef() == kind_name(kind), where,

@@ -25,11 +25,11 @@ namespace detail {
 
 namespace {
 
-enum class Kind { Other, Mark, EmptyTuple, OrderedDictClass, Dict };
+enum class ItemKind { Other, Mark, EmptyTuple, OrderedDictClass, Dict };
 
 struct Item {
   size_t start;  // where the opcodes that built this stack item begin
-  Kind kind;
+  ItemKind kind;
 };
 
 struct Edit {
@@ -98,7 +98,7 @@ class Rewriter {
     pos_ = nl + 1;
     return true;
   }
-  bool push(size_t start, Kind kind = Kind::Other) {
+  bool push(size_t start, ItemKind kind = ItemKind::Other) {
     stack_.push_back({start, kind});
     return true;
   }
@@ -111,7 +111,7 @@ class Rewriter {
   // Pops down to and including the topmost MARK; returns the MARK's item.
   bool pop_mark(Item* mark) {
     for (size_t i = stack_.size(); i-- > 0;) {
-      if (stack_[i].kind == Kind::Mark) {
+      if (stack_[i].kind == ItemKind::Mark) {
         *mark = stack_[i];
         stack_.resize(i);
         return true;
@@ -119,14 +119,14 @@ class Rewriter {
     }
     return false;
   }
-  Kind memo_kind(uint64_t index) const {
+  ItemKind memo_kind(uint64_t index) const {
     const auto it = memo_.find(index);
-    return it == memo_.end() ? Kind::Other : it->second;
+    return it == memo_.end() ? ItemKind::Other : it->second;
   }
   bool memoize(uint64_t index) {
     if (stack_.empty()) return false;
     memo_[index] =
-        stack_.back().kind == Kind::OrderedDictClass ? Kind::OrderedDictClass : Kind::Other;
+        stack_.back().kind == ItemKind::OrderedDictClass ? ItemKind::OrderedDictClass : ItemKind::Other;
     return true;
   }
 
@@ -139,7 +139,7 @@ class Rewriter {
       case '.':
         return true;  // STOP
       case '(':
-        return push(at, Kind::Mark);  // MARK
+        return push(at, ItemKind::Mark);  // MARK
       case '0':
         return pop(1);  // POP
       case '1':
@@ -174,16 +174,16 @@ class Rewriter {
       case 'B':  // LONG4, BINSTRING, BINUNICODE, BINBYTES
         return read_uint(4, &n) && skip(n) && push(at);
       case ')':
-        return push(at, Kind::EmptyTuple);  // EMPTY_TUPLE
+        return push(at, ItemKind::EmptyTuple);  // EMPTY_TUPLE
       case ']':
         return push(at);  // EMPTY_LIST
       case '}':
-        return push(at, Kind::Dict);  // EMPTY_DICT
+        return push(at, ItemKind::Dict);  // EMPTY_DICT
       case 't':
       case 'l':  // TUPLE, LIST
         return pop_mark(&item) && push(item.start);
       case 'd':
-        return pop_mark(&item) && push(item.start, Kind::Dict);  // DICT
+        return pop_mark(&item) && push(item.start, ItemKind::Dict);  // DICT
       case 0x85:
         return pop(1, &item) && push(item.start);  // TUPLE1
       case 0x86:
@@ -217,7 +217,7 @@ class Rewriter {
         if (!skip_line(&module) || !skip_line(&name)) return false;
         if (module == "collections" && name == "OrderedDict") {
           edits_.push_back({text, pos_ - text, "torch.jit._pickle\nrestore_type_tag\n"});
-          return push(at, Kind::OrderedDictClass);
+          return push(at, ItemKind::OrderedDictClass);
         }
         return push(at);
       }
@@ -225,17 +225,17 @@ class Rewriter {
         if (stack_.size() < 2) return false;
         const Item callable = stack_[stack_.size() - 2];
         const Item args = stack_.back();
-        if (callable.kind == Kind::OrderedDictClass) {
-          if (args.kind != Kind::EmptyTuple) return false;
+        if (callable.kind == ItemKind::OrderedDictClass) {
+          if (args.kind != ItemKind::EmptyTuple) return false;
           edits_.push_back({args.start, 1, "}" + binunicode("Dict[str, Any]") + "\x86"});
-          return pop(2) && push(callable.start, Kind::Dict);
+          return pop(2) && push(callable.start, ItemKind::Dict);
         }
         return pop(2) && push(callable.start);
       }
       case 0x81:
         return pop(2, &item) && push(item.start);  // NEWOBJ
       case 'b': {                                  // BUILD
-        if (stack_.size() < 2 || stack_[stack_.size() - 2].kind != Kind::Dict) return false;
+        if (stack_.size() < 2 || stack_[stack_.size() - 2].kind != ItemKind::Dict) return false;
         const Item state = stack_.back();
         edits_.push_back({state.start, 0, "(" + binunicode(kBuildStateKey)});
         edits_.push_back({at, 1, "u"});
@@ -251,7 +251,7 @@ class Rewriter {
   std::string_view p_;
   size_t pos_ = 0;
   std::vector<Item> stack_;
-  std::map<uint64_t, Kind> memo_;
+  std::map<uint64_t, ItemKind> memo_;
   std::vector<Edit> edits_;
 };
 

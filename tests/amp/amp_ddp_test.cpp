@@ -18,6 +18,10 @@
 #include <mutex>
 #include <set>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace amp_ddp_test {
+
 using ddp::amp::AutocastGuard;
 using ddp::amp::GradScaler;
 using ddp::amp::GradScalerOptions;
@@ -322,3 +326,5 @@ TEST(AmpCudaTest, Float16AutocastAndScalerOnTheGpu) {
   }
   EXPECT_TRUE(ddp_test::flat_parameters(*model).isfinite().all().item<bool>());
 }
+
+}  // namespace amp_ddp_test

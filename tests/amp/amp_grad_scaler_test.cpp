@@ -16,6 +16,10 @@
 
 #include <cmath>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace amp_grad_scaler_test {
+
 using ddp::amp::GradScaler;
 using ddp::amp::GradScalerOptions;
 using ddp_test::error_of;
@@ -431,3 +435,5 @@ TEST(ScalerKernelsTest, UpdateScaleFollowsTheRule) {
     }
   }
 }
+
+}  // namespace amp_grad_scaler_test

@@ -18,6 +18,10 @@
 #include <cmath>
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace amp_python_test {
+
 using ddp::amp::GradScaler;
 using ddp::amp::GradScalerOptions;
 using ddp_test::kInf;
@@ -158,3 +162,5 @@ INSTANTIATE_TEST_SUITE_P(
              {{2, kNaN}},
              1e33f}),
     [](const auto& info) { return info.param.name; });
+
+}  // namespace amp_python_test

@@ -13,6 +13,10 @@
 #include <fstream>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace sampler_python_test {
+
 using ddp::DistributedSampler;
 using ddp::DistributedSamplerOptions;
 using nlohmann::json;
@@ -134,3 +138,5 @@ TEST(SamplerPythonTest, RandpermMatchesPythonForSmallAndLargeN) {
                               << ": first difference at " << first;
   }
 }
+
+}  // namespace sampler_python_test

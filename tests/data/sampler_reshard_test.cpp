@@ -19,6 +19,10 @@
 #include <set>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace sampler_reshard_test {
+
 using ddp::DistributedSampler;
 using ddp::DistributedSamplerOptions;
 using ddp::DistributedSamplerStage;
@@ -194,3 +198,5 @@ TEST(SamplerReshardTest, CheckpointFromThreeRanksResumesOnTwo) {
   // 31 - 9 seen = 22 left, 11 per rank: no padding needed.
   EXPECT_EQ(rest.size(), 22u);
 }
+
+}  // namespace sampler_reshard_test

@@ -16,6 +16,10 @@
 #include <set>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace sampler_test {
+
 using ddp::DistributedSampler;
 using ddp::DistributedSamplerOptions;
 using ddp_test::error_of;
@@ -285,3 +289,5 @@ TEST(SamplerTest, RanksOfAGroupAgree) {
   });
   EXPECT_NE(shares[0], shares[1]);
 }
+
+}  // namespace sampler_test

@@ -15,6 +15,10 @@
 #include <cstdio>
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace diagnostics_test {
+
 using ddp_test::ProcessOptions;
 using ddp_test::run_processes;
 using ddp_test::TempDir;
@@ -261,3 +265,5 @@ TEST_P(DiagnosticsMultiProcTest, FlightRecorderShowsTheCollectiveNotEveryRankEnt
 INSTANTIATE_TEST_SUITE_P(Worlds, DiagnosticsMultiProcTest, ::testing::Values(2, 3));
 
 }  // namespace
+
+}  // namespace diagnostics_test

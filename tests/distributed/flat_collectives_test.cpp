@@ -17,6 +17,10 @@
 #include <thread>
 #include <tuple>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace flat_collectives_test {
+
 namespace {
 
 // A real group whose flat collectives are the base class's fallbacks.
@@ -174,3 +178,5 @@ TEST(ThenWorkTest, AfterRunsOnceWhicheverPathComesFirst) {
     EXPECT_EQ(out[0].item<float>(), 0.0f) << "a second copy overwrote the caller's write";
   }
 }
+
+}  // namespace flat_collectives_test

@@ -20,6 +20,10 @@
 #include <sstream>
 #include <thread>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace process_group_test {
+
 using ddp_test::ProcessOptions;
 using ddp_test::run_processes;
 using ddp_test::TempDir;
@@ -657,3 +661,5 @@ TEST(LocalPlacementTest, RanksWithoutLocalRankCountThemselvesPerHost) {
     EXPECT_EQ(pg.local_world_size(), kWorld);
   });
 }
+
+}  // namespace process_group_test

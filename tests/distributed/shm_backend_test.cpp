@@ -25,6 +25,10 @@
 #include <mutex>
 #include <thread>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace shm_backend_test {
+
 using ddp_test::run_processes;
 using ddp_test::same_bits;
 using ddp_test::TempDir;
@@ -746,3 +750,5 @@ TEST(ShmBackendMultiProcTest, EmptyBackendUsesSharedMemoryUnderALauncher) {
 }
 
 }  // namespace
+
+}  // namespace shm_backend_test

@@ -13,6 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace zero_multiproc_test {
+
 using ddp_test::contains;
 using ddp_test::env_or;
 using ddp_test::ProcessOptions;
@@ -100,3 +104,5 @@ TEST(ZeroMultiProcTest, DdprunRestartAfterKill9EndsBitIdentical) {
     EXPECT_TRUE(ddp_test::same_bits(e.value(), restarted.at(e.key()))) << e.key() << " differs";
   }
 }
+
+}  // namespace zero_multiproc_test

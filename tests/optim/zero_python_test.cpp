@@ -16,6 +16,10 @@
 
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace zero_python_test {
+
 using nlohmann::json;
 
 TEST(ZeroCheckpointPythonTest, PythonLoadsAZeroCheckpointAsAPlainAdam) {
@@ -85,3 +89,5 @@ TEST(ZeroCheckpointPythonTest, PythonLoadsAZeroCheckpointAsAPlainAdam) {
         << e.key();
   }
 }
+
+}  // namespace zero_python_test

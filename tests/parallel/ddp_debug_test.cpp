@@ -9,6 +9,10 @@
 
 #include <cstdio>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_debug_test {
+
 using ddp_test::ProcessOptions;
 using ddp_test::run_processes;
 
@@ -66,3 +70,5 @@ TEST_P(DdpDebugMultiProcTest, RanksInStepPassEveryCheck) {
 INSTANTIATE_TEST_SUITE_P(Worlds, DdpDebugMultiProcTest, ::testing::Values(2, 3));
 
 }  // namespace
+
+}  // namespace ddp_debug_test

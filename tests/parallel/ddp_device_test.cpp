@@ -15,6 +15,10 @@
 
 #include <torch/optim/sgd.h>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_device_test {
+
 using ddp_test::error_of;
 
 namespace {
@@ -217,3 +221,5 @@ TEST(DeviceTimeTest, ADeviceBucketIsDoneByItsEndEventNotByItsFuture) {
 }
 
 }  // namespace
+
+}  // namespace ddp_device_test

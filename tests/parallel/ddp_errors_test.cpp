@@ -8,6 +8,10 @@
 #include <condition_variable>
 #include <mutex>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_errors_test {
+
 using ddp_test::error_of;
 using ddp_test::options_for;
 using ddp_test::run_thread_groups;
@@ -247,3 +251,5 @@ TEST(MismatchTest, RankThatNeverConstructsGivesTimeoutOnTheOthers) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_LT(elapsed, std::chrono::seconds(30));
 }
+
+}  // namespace ddp_errors_test

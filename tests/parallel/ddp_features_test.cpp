@@ -15,6 +15,10 @@
 #include <cstdio>
 #include <mutex>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_features_test {
+
 using ddp_test::borrow;
 using ddp_test::options_for;
 using ddp_test::rel_error;
@@ -468,3 +472,5 @@ TEST(StatsTest, CountsBucketsBytesAndOverlap) {
     }
   });
 }
+
+}  // namespace ddp_features_test

@@ -17,6 +17,10 @@
 #include <cstdlib>
 #include <string>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_gradients_test {
+
 using ddp_test::borrow;
 using ddp_test::options_for;
 using ddp_test::rel_error;
@@ -573,3 +577,5 @@ TEST(GradientEquivalenceTest, GradientsThatShareMemoryAreReducedOnce) {
     EXPECT_TRUE(at::allclose(got[r], want, 1e-5, 1e-7)) << "rank " << r;
   }
 }
+
+}  // namespace ddp_gradients_test

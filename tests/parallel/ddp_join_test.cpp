@@ -13,6 +13,10 @@
 
 #include <torch/nn/modules/linear.h>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_join_test {
+
 using ddp_test::error_of;
 using ddp_test::init_params;
 using ddp_test::options_for;
@@ -424,3 +428,5 @@ TEST(JoinWorldOneTest, RunsTheBodyAndMatchesSingleProcess) {
 }
 
 }  // namespace
+
+}  // namespace ddp_join_test

@@ -11,6 +11,10 @@
 #include <cstdlib>
 #include <string>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_multiproc_test {
+
 using ddp_test::fail;
 
 namespace {
@@ -123,3 +127,5 @@ TEST_P(DdpMultiProcTest, RanksMissingDifferentParametersFailFast) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DdpMultiProcTest, ::testing::Values(2, 3));
+
+}  // namespace ddp_multiproc_test

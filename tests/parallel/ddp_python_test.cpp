@@ -17,6 +17,10 @@
 #include <cstdlib>
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_python_test {
+
 using ddp_test::fail;
 
 namespace {
@@ -155,3 +159,5 @@ TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpPythonTest,
                          ::testing::Values("default", "bucket_view", "no_sync", "no_sync_view"));
+
+}  // namespace ddp_python_test

@@ -21,6 +21,10 @@
 #include <map>
 #include <mutex>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_semantics_test {
+
 using ddp_test::borrow;
 using ddp_test::error_of;
 using ddp_test::options_for;
@@ -775,3 +779,5 @@ INSTANTIATE_TEST_SUITE_P(Worlds, SemanticsTest, ::testing::Values(2, 3),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 }  // namespace
+
+}  // namespace ddp_semantics_test

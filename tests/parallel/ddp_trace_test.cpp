@@ -13,6 +13,10 @@
 #include <set>
 #include <sys/stat.h>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace ddp_trace_test {
+
 using ddp_test::options_for;
 using ddp_test::run_thread_groups;
 
@@ -115,3 +119,5 @@ TEST(TraceTest, UnwritablePathIsAClearError) {
         << msg;
   });
 }
+
+}  // namespace ddp_trace_test

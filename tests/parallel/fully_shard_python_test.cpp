@@ -14,6 +14,10 @@
 #include <cstdio>
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace fully_shard_python_test {
+
 namespace {
 
 constexpr int kWorld = 3;
@@ -97,3 +101,5 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
 }
 
 }  // namespace
+
+}  // namespace fully_shard_python_test

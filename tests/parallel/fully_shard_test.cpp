@@ -26,6 +26,10 @@
 
 #include <cmath>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace fully_shard_test {
+
 namespace {
 
 using ddp_test::BlockImpl;
@@ -517,3 +521,5 @@ TEST(FullyShard, ErrorsNameTheModule) {
 }
 
 }  // namespace
+
+}  // namespace fully_shard_test

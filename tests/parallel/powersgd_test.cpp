@@ -18,6 +18,10 @@
 #include <fstream>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace powersgd_test {
+
 namespace {
 
 constexpr int64_t kPerRank = 4;
@@ -429,3 +433,5 @@ INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDPythonTest,
                                   std::to_string(r.rank) + (r.ef_warm ? "_ef_warm" : "_plain") +
                                   (r.bucket_view ? "_bucket_view" : "");
                          });
+
+}  // namespace powersgd_test

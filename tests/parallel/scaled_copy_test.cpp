@@ -11,6 +11,10 @@
 #include <limits>
 #include <vector>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace scaled_copy_test {
+
 namespace {
 
 using ddp::detail::kStreamingCopyBytes;
@@ -81,3 +85,5 @@ TEST(ScaledCopyTest, LargeCopiesStreamWhereTheCpuCan) {
 }
 
 }  // namespace
+
+}  // namespace scaled_copy_test

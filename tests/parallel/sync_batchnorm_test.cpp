@@ -22,6 +22,10 @@
 #include <fstream>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace sync_batchnorm_test {
+
 using ddp_test::borrow;
 using ddp_test::error_of;
 
@@ -713,3 +717,5 @@ TEST(SyncBatchNormPythonTest, StateDictLoadsIntoTorchBatchNorm2d) {
 }
 
 }  // namespace
+
+}  // namespace sync_batchnorm_test

@@ -17,6 +17,10 @@
 
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace checkpoint_amp_test {
+
 using ddp::Checkpoint;
 using ddp::amp::GradScaler;
 using ddp::amp::GradScalerOptions;
@@ -190,3 +194,5 @@ TEST(CheckpointAmpPythonTest, PythonGradScalerLoadsTheScalerState) {
   EXPECT_EQ(sd["growth_interval"].get<int64_t>(), 3);
   EXPECT_EQ(sd["_growth_tracker"].get<int64_t>(), 1);
 }
+
+}  // namespace checkpoint_amp_test

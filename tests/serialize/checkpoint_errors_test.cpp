@@ -15,6 +15,10 @@
 #include <fstream>
 #include <memory>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace checkpoint_errors_test {
+
 using ddp::Checkpoint;
 using ddp_test::error_of;
 using ddp_test::make_net;
@@ -211,3 +215,5 @@ TEST_F(CheckpointErrorTest, PlainStateDictIsNotACheckpoint) {
   EXPECT_EQ(ddp::read_state_dict(dir.file("good.pt")).size(),
             ddp::read_state_dict(dir.file("sd.pt")).size());
 }
+
+}  // namespace checkpoint_errors_test

@@ -28,6 +28,10 @@
 #include <random>
 #include <thread>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace checkpoint_multiproc_test {
+
 using ddp_test::contains;
 using ddp_test::env_or;
 using ddp_test::ProcessOptions;
@@ -306,3 +310,5 @@ TEST(CheckpointMultiProcTest, KillDuringSaveLeavesOldOrNewCheckpoint) {
     }
   }
 }
+
+}  // namespace checkpoint_multiproc_test

@@ -15,6 +15,10 @@
 
 #include <fstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace checkpoint_python_test {
+
 using ddp::Checkpoint;
 using ddp_test::max_diff;
 using ddp_test::Net;
@@ -145,3 +149,5 @@ TEST(CheckpointPythonStateDictTest, CppLoadsAPythonStateDict) {
   ASSERT_EQ(one.size(), 1u);
   EXPECT_TRUE(ddp_test::same_bits(one.at("only"), at::arange(5)));
 }
+
+}  // namespace checkpoint_python_test

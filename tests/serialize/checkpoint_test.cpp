@@ -16,6 +16,10 @@
 #include <fstream>
 #include <memory>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace checkpoint_test {
+
 using ddp::Checkpoint;
 using ddp::CheckpointOptions;
 using ddp_test::error_of;
@@ -299,3 +303,5 @@ TEST(CheckpointDirTest, OptionsAreValidated) {
             }).find("step must be >= 0 (it names the file), but got -3"),
             std::string::npos);
 }
+
+}  // namespace checkpoint_test

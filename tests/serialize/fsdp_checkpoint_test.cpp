@@ -18,6 +18,10 @@
 #include <fstream>
 #include <sstream>
 
+// Its own namespace, so that names local to this file stay apart from other files'
+// in a unity unit (cmake/ddpBuildSpeed.cmake).
+namespace fsdp_checkpoint_test {
+
 namespace {
 
 using ddp_test::TinyGptImpl;
@@ -245,3 +249,5 @@ TEST(FullyShardCheckpointPython, FullStateDictAndCheckpointLoadInTorch) {
 }
 
 }  // namespace
+
+}  // namespace fsdp_checkpoint_test

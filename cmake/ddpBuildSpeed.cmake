@@ -1,0 +1,183 @@
+# How ddp-cpp's own targets compile in minutes rather than in a quarter of an hour
+# (docs/building.md, "Build time"). Every translation unit that touches LibTorch parses
+# about 300,000 lines of its headers before a line of ours; on a 2-core machine that was
+# most of the build. Three things, each measured there:
+#
+#   precompiled headers  LibTorch's headers parsed once per kind of target (the library's
+#                        position-independent objects, the programs' objects), not once per
+#                        source file. DDP_PCH.
+#   unity builds         several sources compiled as one translation unit, so that the
+#                        templates they share are instantiated and emitted once.
+#                        DDP_UNITY_BATCH sources to a unit (0 turns it off).
+#   less debug info      DDP_DEBUG_INFO for the library, DDP_PROGRAM_DEBUG_INFO for the
+#                        tests, examples, tools and benchmarks: a -g option that replaces
+#                        the build type's -g, or empty to keep it.
+#
+# ddp_speed_up(<target> LIBRARY|PROGRAM) applies them to one target. A compiler cache
+# (ccache) serves precompiled headers too, given scripts/build's settings, so a second
+# clone on the same machine compiles nothing.
+
+option(DDP_PCH "Precompile LibTorch's headers for ddp-cpp's own targets" ON)
+option(DDP_PCH_ONE "One precompiled header for the library and the programs" ON)
+set(DDP_UNITY_BATCH 8 CACHE STRING
+    "Sources per unity translation unit in ddp-cpp's own targets (0: none)")
+if(DDP_TOP_LEVEL)
+  set(_ddp_g -g1)
+else()
+  set(_ddp_g "")  # a part of another project: that project's build type decides
+endif()
+set(DDP_DEBUG_INFO "${_ddp_g}" CACHE STRING
+    "Debug information of the library in RelWithDebInfo: a -g option (-g, -g1, -g0) or empty for the build type's")
+set(DDP_PROGRAM_DEBUG_INFO "${_ddp_g}" CACHE STRING
+    "Debug information of the tests, examples, tools and benchmarks in RelWithDebInfo: a -g option or empty")
+foreach(_v DDP_DEBUG_INFO DDP_PROGRAM_DEBUG_INFO)
+  if(NOT "${${_v}}" STREQUAL "" AND NOT "${${_v}}" MATCHES "^-g[0-3]?$")
+    message(FATAL_ERROR "ddp: ${_v} is '${${_v}}'; expected -g, -g0, -g1, -g2, -g3 or empty")
+  endif()
+endforeach()
+if(NOT DDP_UNITY_BATCH MATCHES "^[0-9]+$")
+  message(FATAL_ERROR "ddp: DDP_UNITY_BATCH is '${DDP_UNITY_BATCH}'; expected a count >= 0")
+endif()
+
+# The headers each precompiled header holds: what most sources of that kind include.
+# They must exist in every LibTorch ddp-cpp supports (1.13 and 2.x).
+set(DDP_PCH_LIBRARY_HEADERS
+  <ATen/ATen.h> <ATen/core/ivalue.h> <ATen/core/Dict.h> <c10/util/Exception.h>
+  <torch/nn/module.h> <torch/nn/modules/container/sequential.h> <torch/optim/optimizer.h>
+  <torch/csrc/autograd/function.h> <torch/csrc/autograd/variable.h>
+  <functional> <map> <memory> <string> <unordered_map> <vector>)
+set(DDP_PCH_PROGRAM_HEADERS <torch/torch.h> ${DDP_PCH_LIBRARY_HEADERS})
+
+# The targets that own each kind's precompiled header; every other target of the kind
+# reuses it. A PCH is valid only with the flags it was made with, so each holder is
+# compiled like the targets that reuse it.
+function(_ddp_pch_holder kind)
+  set(holder ddp_pch_${kind})
+  if(TARGET ${holder})
+    return()
+  endif()
+  set(stub ${PROJECT_BINARY_DIR}/ddp_pch_stub.cpp)
+  if(NOT EXISTS ${stub})
+    file(WRITE ${stub} "// The precompiled header's owner (cmake/ddpBuildSpeed.cmake) compiles this.\n")
+  endif()
+  add_library(${holder} OBJECT ${stub})
+  target_link_libraries(${holder} PRIVATE ${TORCH_LIBRARIES})
+  if(kind STREQUAL "library")
+    set_target_properties(${holder} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    target_precompile_headers(${holder} PRIVATE ${DDP_PCH_LIBRARY_HEADERS})
+  else()
+    target_precompile_headers(${holder} PRIVATE ${DDP_PCH_PROGRAM_HEADERS})
+  endif()
+  _ddp_debug_info(${holder} ${kind})
+endfunction()
+
+function(_ddp_debug_info target kind)
+  if(kind STREQUAL "library")
+    set(g "${DDP_DEBUG_INFO}")
+  else()
+    set(g "${DDP_PROGRAM_DEBUG_INFO}")
+  endif()
+  if(NOT g STREQUAL "")
+    # After the build type's flags on the command line, so this -g is the one that counts;
+    # RelWithDebInfo only (a Debug build keeps its full -g).
+    target_compile_options(${target} PRIVATE $<$<CONFIG:RelWithDebInfo>:${g}>)
+  endif()
+endfunction()
+
+# Unity units of our own rather than CMake's UNITY_BUILD: CMake 3.25 writes each source's
+# absolute path into the unit, so a unit differs from clone to clone and a compiler cache
+# never serves it to a second clone. Ours name each source by its path relative to the
+# unit's own folder (the same in every clone whose build folder sits at the same place
+# in it, as scripts/build's do). A source with compile properties of its own, or marked
+# SKIP_UNITY_BUILD_INCLUSION, compiles alone, as with CMake's.
+function(_ddp_unity target)
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(source_dir ${target} SOURCE_DIR)
+  get_target_property(binary_dir ${target} BINARY_DIR)
+  set(unit_dir ${binary_dir}/ddp_unity/${target})
+  set(batch)
+  set(units)
+  set(n 0)
+  foreach(src IN LISTS sources)
+    if(NOT src MATCHES "\\.(cpp|cc|cxx)$")
+      continue()
+    endif()
+    get_filename_component(abs ${src} ABSOLUTE BASE_DIR ${source_dir})
+    set(alone OFF)
+    foreach(prop COMPILE_OPTIONS COMPILE_DEFINITIONS COMPILE_FLAGS INCLUDE_DIRECTORIES
+                 SKIP_UNITY_BUILD_INCLUSION GENERATED)
+      get_source_file_property(v ${src} ${prop})
+      if(v)
+        set(alone ON)
+      endif()
+    endforeach()
+    if(alone)
+      continue()
+    endif()
+    list(APPEND batch ${abs})
+    list(LENGTH batch len)
+    if(len EQUAL DDP_UNITY_BATCH)
+      _ddp_unity_unit(${unit_dir} ${n} "${batch}")
+      list(APPEND units ${unit_dir}/unit_${n}.cpp)
+      math(EXPR n "${n} + 1")
+      set(batch)
+    endif()
+  endforeach()
+  list(LENGTH batch len)
+  if(len GREATER 0)
+    _ddp_unity_unit(${unit_dir} ${n} "${batch}")
+    list(APPEND units ${unit_dir}/unit_${n}.cpp)
+  endif()
+  target_sources(${target} PRIVATE ${units})
+  # A type of one source that uses another's anonymous namespace is fine in a unit (the
+  # warning is for headers, which is what an included source looks like to GCC).
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endif()
+endfunction()
+
+# One unit: its sources #included by relative path, and taken out of the target's own
+# compile (HEADER_FILE_ONLY: still listed, for IDEs). Written only when its text changes,
+# so that configuring again rebuilds nothing.
+function(_ddp_unity_unit unit_dir n batch)
+  set(text "// A unity unit of ddp-cpp's build (cmake/ddpBuildSpeed.cmake); generated.\n")
+  foreach(abs IN LISTS batch)
+    file(RELATIVE_PATH rel ${unit_dir} ${abs})
+    string(APPEND text "#include \"${rel}\"\n")
+    set_source_files_properties(${abs} PROPERTIES HEADER_FILE_ONLY ON)
+  endforeach()
+  set(unit ${unit_dir}/unit_${n}.cpp)
+  set(old "")
+  if(EXISTS ${unit})
+    file(READ ${unit} old)
+  endif()
+  if(NOT old STREQUAL text)
+    file(WRITE ${unit} "${text}")
+  endif()
+endfunction()
+
+# ddp_speed_up(<target> LIBRARY|PROGRAM [NO_PCH] [NO_UNITY])
+function(ddp_speed_up target)
+  cmake_parse_arguments(S "LIBRARY;PROGRAM;NO_PCH;NO_UNITY" "" "" ${ARGN})
+  if(S_LIBRARY)
+    set(kind library)
+  elseif(S_PROGRAM)
+    set(kind program)
+  else()
+    message(FATAL_ERROR "ddp_speed_up(${target}): say LIBRARY or PROGRAM")
+  endif()
+  _ddp_debug_info(${target} ${kind})
+  if(DDP_UNITY_BATCH GREATER 0 AND NOT S_NO_UNITY)
+    _ddp_unity(${target})
+  endif()
+  if(DDP_PCH AND NOT S_NO_PCH)
+    if(kind STREQUAL "program" AND DDP_PCH_ONE AND DDP_DEBUG_INFO STREQUAL DDP_PROGRAM_DEBUG_INFO)
+      # The library's PCH, which was made with -fPIC: a PCH is used only with the code
+      # model it was made with.
+      target_compile_options(${target} PRIVATE -fPIC)
+      set(kind library)
+    endif()
+    _ddp_pch_holder(${kind})
+    target_precompile_headers(${target} REUSE_FROM ddp_pch_${kind})
+  endif()
+endfunction()

@@ -84,7 +84,8 @@ void insert_adam_like(const Options& o, c10::impl::GenericDict& g) {
 }
 
 // Hyperparameters of one group, named as in Python's param_groups.
-c10::impl::GenericDict group_options(OptimizerKind kind, const torch::optim::OptimizerOptions& base) {
+c10::impl::GenericDict group_options(OptimizerKind kind,
+                                     const torch::optim::OptimizerOptions& base) {
   c10::impl::GenericDict g = new_dict();
   if (kind == OptimizerKind::SGD) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(base);
@@ -101,7 +102,8 @@ c10::impl::GenericDict group_options(OptimizerKind kind, const torch::optim::Opt
   return g;
 }
 
-c10::impl::GenericDict param_state(OptimizerKind kind, const torch::optim::OptimizerParamState& base) {
+c10::impl::GenericDict param_state(OptimizerKind kind,
+                                   const torch::optim::OptimizerParamState& base) {
   c10::impl::GenericDict s = new_dict();
   if (kind == OptimizerKind::SGD) {
     const auto& st = static_cast<const torch::optim::SGDParamState&>(base);
@@ -244,7 +246,8 @@ void set_adam_like(Options& o, const c10::impl::GenericDict& g) {
   o.amsgrad(g.at("amsgrad").toBool());
 }
 
-void set_group(OptimizerKind kind, torch::optim::OptimizerOptions& base, const c10::impl::GenericDict& g) {
+void set_group(OptimizerKind kind, torch::optim::OptimizerOptions& base,
+               const c10::impl::GenericDict& g) {
   if (kind == OptimizerKind::SGD) {
     auto& o = static_cast<torch::optim::SGDOptions&>(base);
     o.lr(as_double(g.at("lr")));

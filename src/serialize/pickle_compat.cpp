@@ -125,8 +125,8 @@ class Rewriter {
   }
   bool memoize(uint64_t index) {
     if (stack_.empty()) return false;
-    memo_[index] =
-        stack_.back().kind == ItemKind::OrderedDictClass ? ItemKind::OrderedDictClass : ItemKind::Other;
+    memo_[index] = stack_.back().kind == ItemKind::OrderedDictClass ? ItemKind::OrderedDictClass
+                                                                    : ItemKind::Other;
     return true;
   }
 

@@ -45,23 +45,42 @@ set(DDP_PCH_LIBRARY_HEADERS
   <ATen/ATen.h> <ATen/core/ivalue.h> <ATen/core/Dict.h> <c10/util/Exception.h>
   <torch/nn/module.h> <torch/nn/modules/container/sequential.h> <torch/optim/optimizer.h>
   <torch/csrc/autograd/function.h> <torch/csrc/autograd/variable.h>
-  <functional> <map> <memory> <string> <unordered_map> <vector>)
-set(DDP_PCH_PROGRAM_HEADERS <torch/torch.h> ${DDP_PCH_LIBRARY_HEADERS})
+  <functional> <map> <memory> <string> <unordered_map> <vector>
+  CACHE INTERNAL "")  # INTERNAL: seen from the top-level folder too (_ddp_pch_holder)
+set(DDP_PCH_PROGRAM_HEADERS <torch/torch.h> ${DDP_PCH_LIBRARY_HEADERS} CACHE INTERNAL "")
 
 # The targets that own each kind's precompiled header; every other target of the kind
 # reuses it. A PCH is valid only with the flags it was made with, so each holder is
 # compiled like the targets that reuse it.
 function(_ddp_pch_holder kind)
-  set(holder ddp_pch_${kind})
-  if(TARGET ${holder})
+  get_property(known GLOBAL PROPERTY DDP_PCH_HOLDERS)
+  if(kind IN_LIST known)
     return()
   endif()
-  set(stub ${PROJECT_BINARY_DIR}/ddp_pch_stub.cpp)
+  set_property(GLOBAL APPEND PROPERTY DDP_PCH_HOLDERS ${kind})
+  # The holder lives in the top-level folder of the build, also where ddp-cpp is a part of
+  # another project: commands then name its PCH by the same path relative to the build
+  # folder as in ddp-cpp's own build, and a compiler cache serves either from the other.
+  if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)
+    _ddp_make_pch_holder(${kind} "${TORCH_LIBRARIES}")
+  else()
+    cmake_language(EVAL CODE "cmake_language(DEFER DIRECTORY [[${CMAKE_SOURCE_DIR}]] CALL
+                              _ddp_make_pch_holder [[${kind}]] [[${TORCH_LIBRARIES}]])")
+  endif()
+endfunction()
+
+function(_ddp_make_pch_holder kind torch_libraries)
+  set(holder ddp_pch_${kind})
+  set(stub ${CMAKE_BINARY_DIR}/ddp_pch_stub.cpp)
   if(NOT EXISTS ${stub})
     file(WRITE ${stub} "// The precompiled header's owner (cmake/ddpBuildSpeed.cmake) compiles this.\n")
   endif()
   add_library(${holder} OBJECT ${stub})
-  target_link_libraries(${holder} PRIVATE ${TORCH_LIBRARIES})
+  # ddp-cpp's own language settings (CMakeLists.txt), which its folder's targets get from
+  # there and the holder may not (it may be made in another project's top folder).
+  set_target_properties(${holder} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+                        CXX_EXTENSIONS OFF)
+  target_link_libraries(${holder} PRIVATE ${torch_libraries})
   if(kind STREQUAL "library")
     set_target_properties(${holder} PROPERTIES POSITION_INDEPENDENT_CODE ON)
     target_precompile_headers(${holder} PRIVATE ${DDP_PCH_LIBRARY_HEADERS})
@@ -93,8 +112,7 @@ endfunction()
 function(_ddp_unity target)
   get_target_property(sources ${target} SOURCES)
   get_target_property(source_dir ${target} SOURCE_DIR)
-  get_target_property(binary_dir ${target} BINARY_DIR)
-  set(unit_dir ${binary_dir}/ddp_unity/${target})
+  set(unit_dir ${CMAKE_BINARY_DIR}/ddp_unity/${target})  # the top build folder: see _ddp_pch_holder
   set(batch)
   set(units)
   set(n 0)
@@ -178,6 +196,11 @@ function(ddp_speed_up target)
       set(kind library)
     endif()
     _ddp_pch_holder(${kind})
-    target_precompile_headers(${target} REUSE_FROM ddp_pch_${kind})
+    if(TARGET ddp_pch_${kind})
+      target_precompile_headers(${target} REUSE_FROM ddp_pch_${kind})
+    else()  # made later, at the end of the top-level folder: reuse it from there
+      cmake_language(EVAL CODE "cmake_language(DEFER DIRECTORY [[${CMAKE_SOURCE_DIR}]] CALL
+                                target_precompile_headers [[${target}]] REUSE_FROM [[ddp_pch_${kind}]])")
+    endif()
   endif()
 endfunction()

@@ -12,17 +12,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 
 if (( subproject )); then
-  # The LibTorch, build type and compiler launcher of the ddp-cpp build under test.
+  # The LibTorch, build type, debug information and compiler launcher of the ddp-cpp
+  # build under test. The library compiles here once more, with the same commands: its
+  # precompiled header and unity units sit in the top build folder (cmake/ddpBuildSpeed.cmake)
+  # and this one sits beside the build under test (the same depth: the same relative
+  # paths to the sources), with the cache settings scripts/build uses. So a compiler
+  # cache answers for all of it.
   cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
   src=$(cd "$here/../.." && pwd)
   args=(-DDDP_SOURCE_DIR="$src" -DTorch_DIR="$(cache Torch_DIR)"
-        -DCMAKE_BUILD_TYPE="$(cache CMAKE_BUILD_TYPE)")
+        -DCMAKE_BUILD_TYPE="$(cache CMAKE_BUILD_TYPE)"
+        -DDDP_DEBUG_INFO="$(cache DDP_DEBUG_INFO)" -DDDP_PROGRAM_DEBUG_INFO="$(cache DDP_PROGRAM_DEBUG_INFO)")
   launcher=$(cache CMAKE_CXX_COMPILER_LAUNCHER)
   [[ -n $launcher ]] && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher")
-  # The library compiles here with the flags of the build under test. So that a compiler
-  # cache answers instead of compiling it all again, the subproject's build folder sits
-  # beside that build (the same depth: the same relative paths to the sources), with the
-  # cache settings scripts/build uses.
   sub="$(dirname "$(cd "$build" && pwd)")/$(basename "$build")-subproject"
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$src} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
   export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}

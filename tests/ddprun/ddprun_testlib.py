@@ -189,6 +189,9 @@ class DdprunTestCase(unittest.TestCase):
         self.assertEqual(leftover, [], "processes left behind by the test")
 
     def env(self, **extra):
+        # TMPDIR: the test's own folder, so that what ddprun and its workers make there (a
+        # killed ddprun cannot remove its flight-recorder and log folders) goes with it.
+        extra.setdefault("TMPDIR", self.tmp)
         return base_env(**{MARKER_VAR: self.marker}, **extra)
 
     def finish(self, p, timeout=60):

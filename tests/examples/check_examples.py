@@ -48,6 +48,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import private_tmp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 PROCESS_GROUP_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
@@ -484,6 +485,7 @@ def cmd_backend_help(binary, header=PROCESS_GROUP_H):
 
 
 if __name__ == "__main__":
+    private_tmp.use()
     if len(sys.argv) == 5 and sys.argv[1] == "run":
         cmd_run(*sys.argv[2:])
     elif len(sys.argv) == 5 and sys.argv[1] == "amp":

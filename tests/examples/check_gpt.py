@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+import private_tmp
 
 SMALL = ["--block-size", "16", "--n-layer", "2", "--n-head", "2", "--n-embd", "32",
          "--batch-size", "4", "--learning-rate", "3e-3", "--sample-length", "0"]
@@ -389,4 +390,5 @@ def main():
 
 
 if __name__ == "__main__":
+    private_tmp.use()
     main()

@@ -11,6 +11,7 @@ Python traceback.
 import os
 import subprocess
 import sys
+import private_tmp
 
 BAD = "Exception raised from", "terminate called", "Traceback (most recent call last)"
 
@@ -82,4 +83,5 @@ def main():
 
 
 if __name__ == "__main__":
+    private_tmp.use()
     main()

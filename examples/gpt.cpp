@@ -13,7 +13,8 @@
 // The ten steps of the DDP lesson are those of examples/fashion_mnist.cpp; what this
 // program adds is what a transformer run needs: AdamW with weight decay on matrices only,
 // gradient clipping, gradient accumulation (--grad-accum, through no_sync), mixed
-// precision (--amp), ZeRO (--zero) or full sharding (--fsdp), checkpoints every N steps
+// precision (--amp), ZeRO (--zero) or full sharding (--fsdp), activation checkpointing
+// (--activation-checkpointing), checkpoints every N steps
 // that resume bit-identically in the middle of an epoch, validation loss, tokens/s,
 // metrics.jsonl and loss.svg, and a sample generated at the end.
 //
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
   double learning_rate = 1e-3, weight_decay = 0.1, grad_norm_clip = 1.0;
   int threads = 0, timeout_s = 1800;
   std::string backend, run_dir = "runs", name = "gpt", prompt, save_init;
-  bool resume = false, amp = false, zero = false, fsdp = false;
+  bool resume = false, amp = false, zero = false, fsdp = false, activation_checkpointing = false,
+       no_save = false;
 
   app.add_option("--data", data, "A UTF-8 text file; its characters are the vocabulary")
       ->capture_default_str();
@@ -129,6 +131,9 @@ int main(int argc, char** argv) {
                  "Checkpoint every N optimizer steps (and at each epoch's end); 0: epochs only")
       ->capture_default_str()
       ->check(examples::kNonNegative);
+  app.add_flag("--no-save", no_save,
+               "Write no checkpoint, no model.pt and no sample: training alone (memory and "
+               "speed measurements, bench/run-fsdp-cap)");
   app.add_option("--log-every", log_every, "A progress line and a metrics record every N steps")
       ->capture_default_str()
       ->check(examples::kPositive);
@@ -164,7 +169,16 @@ int main(int argc, char** argv) {
                "Shard weights, gradients and AdamW state (ddp::fully_shard on each block "
                "and the root) instead of DDP")
       ->excludes(zero_flag);
+  app.add_flag("--activation-checkpointing", activation_checkpointing,
+               "Keep no activations inside the blocks; backward recomputes them (each block "
+               "in ddp::checkpoint_wrapper, inside its fully_shard unit with --fsdp). Same "
+               "losses, less memory, about a third more compute");
   CLI11_PARSE(app, argc, argv);
+  if (no_save && resume) {
+    std::fprintf(stderr, "gpt: --no-save and --resume exclude each other: --no-save writes no "
+                         "checkpoint to resume from. Drop one of them.\n");
+    return 2;
+  }
   if (threads > 0) torch::set_num_threads(threads);
   const fs::path out_dir = fs::path(run_dir) / name;
 
@@ -200,9 +214,16 @@ int main(int argc, char** argv) {
     // a unit, then the root (each rank keeps its rows of every weight).
     ddp::DistributedDataParallel<gpt::Gpt> dmodel{nullptr};
     ddp::FullyShard<gpt::GptImpl> sharded{nullptr};
+    // --activation-checkpointing first: each block's checkpoint sits inside its unit.
+    if (activation_checkpointing) ddp::apply_activation_checkpointing<gpt::BlockImpl>(*model);
     if (fsdp) {
-      for (size_t i = 0; i < model->blocks->size(); ++i)
-        ddp::fully_shard(model->blocks->ptr<gpt::BlockImpl>(i));
+      for (size_t i = 0; i < model->blocks->size(); ++i) {
+        if (activation_checkpointing) {
+          ddp::fully_shard(model->blocks->ptr<ddp::CheckpointWrapperImpl<gpt::BlockImpl>>(i));
+        } else {
+          ddp::fully_shard(model->blocks->ptr<gpt::BlockImpl>(i));
+        }
+      }
       sharded = ddp::fully_shard(model.ptr());
     } else {
       auto options = ddp::DistributedDataParallelOptions();
@@ -289,9 +310,11 @@ int main(int argc, char** argv) {
           "(%lld tokens in all), AdamW lr %g%s\n",
           world_size, ddp::default_group()->backend().c_str(), device.str().c_str(),
           at::get_num_threads(),
-          fsdp   ? "fully_shard"
-          : zero ? "DDP + ZeRO"
-                 : "DDP",
+          (std::string(fsdp   ? "fully_shard"
+                       : zero ? "DDP + ZeRO"
+                              : "DDP") +
+           (activation_checkpointing ? ", activation checkpointing" : ""))
+              .c_str(),
           static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
           static_cast<long long>(config.n_embd), static_cast<long long>(config.block_size),
           parameter_count / 1e6, data.c_str(), static_cast<long long>(corpus.characters),
@@ -372,7 +395,7 @@ int main(int argc, char** argv) {
       interval_start = Clock::now();
     };
     auto save = [&](int64_t epoch) {
-      ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch).step(step));
+      if (!no_save) ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch).step(step));
     };
 
     model->train();
@@ -447,6 +470,17 @@ int main(int argc, char** argv) {
 
     // Step 9: rank 0 alone saves the unwrapped model (sharded: every rank first gives its
     // rows), then samples from it.
+    if (no_save) {
+      if (rank == 0) {
+        std::printf(
+            "done: %lld steps in %s (--no-save: no checkpoint, no model)\n  metrics     %s\n",
+            static_cast<long long>(step),
+            fashion_mnist::format_duration(seconds_since(run_start)).c_str(), metrics_path.c_str());
+        std::fflush(stdout);
+      }
+      ddp::destroy_process_group();
+      return 0;
+    }
     const auto state = fsdp ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
     if (rank == 0) {
       const fs::path model_path = out_dir / "model.pt", plot_path = out_dir / "loss.svg";

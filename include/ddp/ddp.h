@@ -4,7 +4,7 @@
 // One include for everything. The parts, one folder each (docs/architecture.md):
 //   distributed/  process groups, collectives, rendezvous
 //   parallel/     DistributedDataParallel, fully_shard, its hooks and statistics, Join,
-//                 SyncBatchNorm
+//                 SyncBatchNorm, activation checkpointing
 //   amp/          autocast and the gradient scaler
 //   data/         DistributedSampler
 //   serialize/    checkpoints and state dicts that Python's torch.load reads
@@ -14,6 +14,7 @@
 
 #include <ddp/distributed/process_group.h>
 
+#include <ddp/parallel/activation_checkpoint.h>
 #include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/distributed_data_parallel.h>
 #include <ddp/parallel/fully_shard.h>

@@ -131,6 +131,14 @@ class Comm {
   /// Backends without a native one (Gloo in LibTorch 1.13) get the fallback below.
   virtual std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                              ReduceOp op);
+  /// reduce_scatter_tensor, where the caller no longer needs `input` (a buffer it
+  /// filled for this call): a backend may reduce in it, in place, and leave it changed.
+  /// The default keeps it (reduce_scatter_tensor); Gloo's all-reduce path saves the copy.
+  virtual std::shared_ptr<PendingWork> reduce_scatter_tensor_scratch(at::Tensor& output,
+                                                                     at::Tensor& input,
+                                                                     ReduceOp op) {
+    return reduce_scatter_tensor(output, input, op);
+  }
   /// Chunk r of `output` (world_size chunks of input's numel) receives rank r's
   /// `input`.
   virtual std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
@@ -180,8 +188,9 @@ class Comm {
   /// of `input` whose chunk is then copied out, and all_gather_into_tensor as an
   /// all-gather into views of `output`. Correct on any Comm; the all-reduce moves twice
   /// the bytes of a native reduce-scatter.
+  /// `in_place`: all-reduce `input` itself (reduce_scatter_tensor_scratch), not a copy.
   std::shared_ptr<PendingWork> reduce_scatter_by_all_reduce(at::Tensor& output, at::Tensor& input,
-                                                            ReduceOp op);
+                                                            ReduceOp op, bool in_place = false);
   std::shared_ptr<PendingWork> all_gather_by_views(at::Tensor& output, at::Tensor& input);
   /// Throws naming `what` unless `whole` is world_size contiguous chunks of `part`'s
   /// numel and dtype, on a device this group reads.

@@ -28,13 +28,18 @@ void Comm::check_flat(const char* what, const at::Tensor& whole, const at::Tenso
 }
 
 std::shared_ptr<PendingWork> Comm::reduce_scatter_by_all_reduce(at::Tensor& output,
-                                                                at::Tensor& input, ReduceOp op) {
+                                                                at::Tensor& input, ReduceOp op,
+                                                                bool in_place) {
   if (output.numel() == 0) return done_work({output});
-  // A copy, so that the caller's input keeps its values, as with a native reduce-scatter.
-  std::vector<at::Tensor> tensors{input.clone()};
+  // A copy, so that the caller's input keeps its values, as with a native reduce-scatter;
+  // unless the caller said it is scratch.
+  std::vector<at::Tensor> tensors{in_place ? input : input.clone()};
   auto work = all_reduce(tensors, op);
   const int64_t n = output.numel();
   at::Tensor chunk = tensors[0].reshape({-1}).narrow(0, config_->rank * n, n).view(output.sizes());
+  // An output that is this rank's chunk of the input (in place) is already the result.
+  if (in_place && chunk.data_ptr() == output.data_ptr())
+    return then_work(std::move(work), nullptr, {output});
   return copy_after_work(std::move(work), std::move(chunk), output);
 }
 

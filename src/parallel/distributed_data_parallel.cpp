@@ -1,5 +1,7 @@
 #include <ddp/parallel/distributed_data_parallel.h>
 
+#include <ddp/parallel/activation_checkpoint.h>
+
 #include <ddp/errors.h>
 
 #include "distributed/common/check.h"
@@ -254,6 +256,13 @@ std::shared_ptr<detail::TraceWriter> DistributedDataParallelBase::trace_writer()
 
 bool DistributedDataParallelBase::before_forward() {
   State& s = *state_;
+  if (at::GradMode::is_enabled()) {
+    detail::check_outside_checkpoint(
+        "ddp::DistributedDataParallel",
+        "Checkpoint inside the model instead: its blocks "
+        "(ddp::apply_activation_checkpointing<Block>(model), or ddp::checkpoint in a block's "
+        "forward), and wrap the whole model with DistributedDataParallel.");
+  }
   if (s.trace) s.forward_start_ns = detail::steady_now_ns();
   const bool wants_outputs = s.reducer->before_forward();
   if (!at::GradMode::is_enabled()) return false;

@@ -12,7 +12,9 @@
 //             sharded gradient aside (so that AccumulateGrad sees empty full-size
 //             .grad()s) and queues the end-of-backward callback. An identity function
 //             on the unit's inputs runs after the unit's gradients are accumulated:
-//             it launches the unit's reduce-scatter and frees the full parameters.
+//             it waits for the previous unit's reduce-scatter (Note [One
+//             reduce-scatter in flight]), launches this unit's and frees the full
+//             parameters.
 //   end:      the callback runs the reduce-scatter of units whose inputs need no
 //             gradient (the first block, the root), in reverse forward order, then
 //             waits for every reduce-scatter and adds the sharded gradients to .grad().
@@ -54,6 +56,8 @@ struct RootStep {
   bool active = false;
   bool training = false;
   bool backward_started = false;
+  // The unit whose reduce-scatter was launched last and not yet waited for.
+  ShardUnit* reducing = nullptr;
   // A forward without gradients while a training forward waits for its backward (an
   // evaluation in between): it leaves the step's state alone.
   bool side = false;
@@ -173,6 +177,7 @@ void finish_backward(ShardUnit* root) {
     if (!(*it)->schedule.post_backward_done) post_backward(**it);
   }
   for (ShardUnit* u : order) u->finish_reduce();
+  st.reducing = nullptr;
   st.last_forward_order = order;
   end_step(st);
 }
@@ -200,7 +205,15 @@ void pre_backward(ShardUnit& u) {
 void post_backward(ShardUnit& u) {
   if (u.schedule.post_backward_done) return;
   u.schedule.post_backward_done = true;
+  // Note [One reduce-scatter in flight]: the previous unit's reduce-scatter, launched
+  // one unit's backward ago, is waited for before this one is launched, and its input
+  // freed, as FSDP2 does. So one unit's reduce-scatter buffer is alive at a time, not
+  // every unit's until the end of backward.
+  RootStep& st = step_of(u);
+  if (st.reducing && st.reducing != &u) st.reducing->finish_reduce();
+  st.reducing = nullptr;
   u.reduce_grads(u.schedule.requires_gradient_sync);
+  if (u.reduce_pending()) st.reducing = &u;
   u.reshard();
 }
 

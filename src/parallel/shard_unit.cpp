@@ -4,6 +4,7 @@
 
 #include "distributed/comm.h"
 #include "distributed/common/check.h"
+#include "distributed/common/host_blocks.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -49,47 +50,6 @@ void attach_storage(const at::Tensor& t, void* data) {
 constexpr int64_t kAlign = 64;
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Note [Reused buffers on the CPU]
-// Each step a unit needs an all-gather buffer, the full parameters and a reduce-scatter
-// buffer, each the size of the unit, and frees them again. On a GPU the caching
-// allocator hands the same blocks back. On a CPU these sizes are served by fresh
-// mappings, and the kernel zeroes every page on first touch: measured, a third of a
-// step's time. So on the CPU the blocks are kept, a few per size, and handed out again;
-// what is kept is bounded by a few units' size, FSDP2's own bound for what is unsharded
-// at once.
-class BufferPool {
- public:
-  static BufferPool& instance() {
-    static BufferPool pool;
-    return pool;
-  }
-  /// `bytes` bytes (uint8) on `device`; contents undefined.
-  at::Tensor take(int64_t bytes, c10::Device device) {
-    if (device.is_cpu()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
-        at::Tensor block = std::move(it->second.back());
-        it->second.pop_back();
-        return block;
-      }
-    }
-    c10::DeviceGuard guard(device);  // allocators allocate on the current device
-    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
-  }
-  void give(at::Tensor block) {
-    if (!block.defined() || !block.device().is_cpu()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& list = free_[block.numel()];
-    if (list.size() < kKeep) list.push_back(std::move(block));
-  }
-
- private:
-  static constexpr size_t kKeep = 4;
-  std::mutex mutex_;
-  std::unordered_map<int64_t, std::vector<at::Tensor>> free_;
-};
-
 /// A 64-bit FNV-1a over the tensor's bytes (in its dtype, on the CPU).
 uint64_t content_hash(const at::Tensor& t) {
   at::Tensor c = t.detach().to(at::kCPU).contiguous();
@@ -107,6 +67,18 @@ uint64_t content_hash(const at::Tensor& t) {
 }
 
 }  // namespace
+
+namespace {
+std::shared_ptr<const FullyShardObserver>& observer_slot() {
+  static std::shared_ptr<const FullyShardObserver> slot;
+  return slot;
+}
+}  // namespace
+
+void notify(FullyShardEvent event, const std::string& unit) {
+  const auto observer = std::atomic_load(&observer_slot());
+  if (observer && *observer) (*observer)(event, unit);
+}
 
 ShardUnit* unit_of_param(const at::Tensor& param) {
   if (!param.defined()) return nullptr;
@@ -314,10 +286,9 @@ void ShardUnit::start_unshard() {
   at::NoGradGuard no_grad;
   const at::ScalarType pd = param_dtype();
   ag_.input = pd == flat_shard_.scalar_type() ? flat_shard_ : flat_shard_.to(pd);
-  ag_.block = BufferPool::instance().take(world_ * shard_numel_ *
-                                              static_cast<int64_t>(c10::elementSize(pd)),
-                                          flat_shard_.device());
-  ag_.output = ag_.block.view(pd);
+  ag_.block = HostBlock(world_ * shard_numel_ * static_cast<int64_t>(c10::elementSize(pd)),
+                        flat_shard_.device());
+  ag_.output = ag_.block.tensor().view(pd);
   // An all-gather copies bytes: bfloat16 travels as bytes, which every backend carries
   // (Gloo in LibTorch 1.13 has no bfloat16, and no int16).
   if (pd == at::kBFloat16) {
@@ -328,6 +299,7 @@ void ShardUnit::start_unshard() {
     ag_.work = pg_->all_gather_into_tensor_async(ag_.output, ag_.input);
   }
   ag_.pending = true;
+  notify(FullyShardEvent::kAllGatherStarted, name_);
 }
 
 void ShardUnit::finish_unshard() {
@@ -337,16 +309,15 @@ void ShardUnit::finish_unshard() {
     return;
   }
   start_unshard();
-  ag_.work.wait();
-  ag_.pending = false;
+  wait_gather();
   at::NoGradGuard no_grad;
   const at::Tensor rows_of_rank = ag_.output.view({world_, shard_numel_});
   if (!full_block_.defined()) {
     int64_t bytes = 0;
     for (const ShardedParam& p : params_) bytes += aligned(p.full.numel() * p.full.element_size());
-    full_block_ = BufferPool::instance().take(bytes, flat_shard_.device());
+    full_block_ = HostBlock(bytes, flat_shard_.device());
   }
-  auto* base = static_cast<char*>(full_block_.data_ptr());
+  auto* base = static_cast<char*>(full_block_.tensor().data_ptr());
   int64_t offset = 0;
   for (ShardedParam& p : params_) {
     attach_storage(p.full, base + offset);
@@ -362,28 +333,42 @@ void ShardUnit::finish_unshard() {
   }
   ag_.input = at::Tensor();
   ag_.output = at::Tensor();
-  BufferPool::instance().give(std::move(ag_.block));
-  ag_.block = at::Tensor();
+  ag_.block.reset();  // back to the pool (Note [Host blocks])
   unsharded_ = true;
+  notify(FullyShardEvent::kUnsharded, name_);
+}
+
+void ShardUnit::wait_gather() {
+  try {
+    ag_.work.wait();
+  } catch (...) {
+    // A failed collective may still write into its output: it is never reused.
+    ag_.block.keep_for_good();
+    ag_.work = Work();
+    ag_.pending = false;
+    throw;
+  }
+  // A finished Work still holds the collective's tensors (and the backend's own
+  // buffers): let them go now, not when the next step replaces it.
+  ag_.work = Work();
+  ag_.pending = false;
 }
 
 void ShardUnit::reshard() {
   if (ag_.pending) {  // launched but never used: still complete it, as every rank does
-    ag_.work.wait();
-    ag_.pending = false;
+    wait_gather();
     ag_.input = at::Tensor();
     ag_.output = at::Tensor();
-    BufferPool::instance().give(std::move(ag_.block));
-    ag_.block = at::Tensor();
+    ag_.block.reset();
   }
   if (!unsharded_) return;
   for (ShardedParam& p : params_) {
     p.param.set_data(p.shard);
     free_storage(p.full);
   }
-  BufferPool::instance().give(std::move(full_block_));
-  full_block_ = at::Tensor();
+  full_block_.reset();
   unsharded_ = false;
+  notify(FullyShardEvent::kResharded, name_);
 }
 
 void ShardUnit::stash_grads() {
@@ -445,45 +430,81 @@ void ShardUnit::reduce_grads(bool sync) {
   // reduces in float32; the sharded gradient is cast back (Comm::reduces_dtype).
   const at::ScalarType wire = comm_of(*pg_).reduces_dtype(rdt) ? rdt : at::kFloat;
   rs_.dtype = rdt;
-  rs_.input =
-      at::zeros({world_, width + k}, at::TensorOptions().dtype(wire).device(flat_shard_.device()));
-  for (int64_t j = 0; j < k; ++j) {
-    const ShardedParam& p = params_[rs_.reduced[j]];
-    const at::Tensor& g = grads[rs_.reduced[j]];
-    if (!g.defined()) continue;
-    at::Tensor g2 = g.reshape({p.rows, p.row_numel});
-    for (int r = 0; r < world_; ++r) {
-      const int64_t n = p.rows_of(r);
-      if (n == 0) continue;
-      rs_.input[r]
-          .narrow(0, rs_.offsets[j], n * p.row_numel)
-          .copy_(g2.narrow(0, p.first_row(r), n).reshape({n * p.row_numel}));
-    }
-    rs_.input.select(1, width + j).fill_(1);
-  }
-  ReduceOp op = ReduceOp::SUM;
+  const c10::Device device = flat_shard_.device();
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(wire));
+  // The average: every rank's gradient divided by N, then summed (the bits of the
+  // public AVG), the division done while copying. For dtypes that may overflow, FSDP2's
+  // factors: ~sqrt(N) before the sum, the rest after it.
+  double pre = 1;
   rs_.post_divide = 1;
   if (world_ > 1) {
     if (wire == at::kFloat || wire == at::kBFloat16 || wire == at::kDouble) {
-      op = ReduceOp::AVG;
+      pre = world_;
     } else {
-      // FSDP2's divide factors for dtypes that may overflow: ~sqrt(N) before the sum,
-      // the rest after it.
-      int64_t pre = 1;
-      while (world_ % pre == 0 && world_ / pre > pre) pre *= 2;
-      if (pre != 1) rs_.input.div_(static_cast<double>(pre));
-      rs_.post_divide = static_cast<double>(world_) / static_cast<double>(pre);
+      int64_t f = 1;
+      while (world_ % f == 0 && world_ / f > f) f *= 2;
+      pre = static_cast<double>(f);
+      rs_.post_divide = static_cast<double>(world_) / pre;
     }
   }
-  rs_.output = at::empty({width + k}, rs_.input.options());
+  const at::Tensor divisor = at::scalar_tensor(pre, at::TensorOptions().dtype(wire).device(device));
+  // Note [Host blocks]: the input is the size of the unit; each full gradient is freed
+  // as soon as it is copied in, so at most one parameter's full gradient and the input
+  // are alive together beyond what autograd still holds.
+  rs_.input_block = HostBlock(world_ * (width + k) * esize, device);
+  rs_.input = rs_.input_block.tensor().view(wire).view({world_, width + k});
+  rs_.input.narrow(1, width, k).zero_();
+  for (int64_t j = 0; j < k; ++j) {
+    const ShardedParam& p = params_[rs_.reduced[j]];
+    at::Tensor g = std::move(grads[rs_.reduced[j]]);
+    at::Tensor slot = rs_.input.narrow(1, rs_.offsets[j], p.padded_numel());
+    if (!g.defined()) {
+      slot.zero_();
+      continue;
+    }
+    at::Tensor g2 = g.reshape({p.rows, p.row_numel});
+    for (int r = 0; r < world_; ++r) {
+      const int64_t n = p.rows_of(r);
+      at::Tensor row = slot[r];
+      if (n > 0) {
+        at::Tensor dst = row.narrow(0, 0, n * p.row_numel);
+        at::Tensor src = g2.narrow(0, p.first_row(r), n).reshape({n * p.row_numel});
+        if (pre != 1) {
+          at::div_out(dst, src.to(wire), divisor);
+        } else {
+          dst.copy_(src);
+        }
+      }
+      if (n < p.chunk_rows)
+        row.narrow(0, n * p.row_numel, (p.chunk_rows - n) * p.row_numel).zero_();
+    }
+    rs_.input.select(1, width + j).fill_(1);
+  }
+  // Where every gradient is added to one set aside (stash), the output is scratch: this
+  // rank's own row of the input, reduced in place (every backend allows it: the other
+  // ranks read only their own rows of this rank's input). Otherwise its storage becomes
+  // the sharded gradients.
+  const bool scratch = std::all_of(rs_.reduced.begin(), rs_.reduced.end(),
+                                   [this](size_t i) { return params_[i].stash.defined(); });
+  rs_.output = scratch ? rs_.input.select(0, rank_) : at::empty({width + k}, rs_.input.options());
   at::Tensor flat_in = rs_.input.view({-1});
-  rs_.work = pg_->reduce_scatter_tensor_async(rs_.output, flat_in, op);
+  // The input is ours and used once: a backend may reduce in it (Gloo does).
+  rs_.work = comm_of(*pg_).reduce_scatter_tensor_scratch(rs_.output, flat_in, ReduceOp::SUM);
   rs_.pending = true;
+  notify(FullyShardEvent::kReduceScatterStarted, name_);
 }
 
 void ShardUnit::finish_reduce() {
   if (!rs_.pending) return;
-  rs_.work.wait();
+  try {
+    rs_.work->wait();
+  } catch (...) {
+    rs_.input_block.keep_for_good();  // see wait_gather
+    rs_.work.reset();
+    rs_.pending = false;
+    throw;
+  }
+  rs_.work.reset();  // and the tensors it holds (see wait_gather)
   rs_.pending = false;
   at::NoGradGuard no_grad;
   if (rs_.post_divide != 1) rs_.output.div_(rs_.post_divide);
@@ -519,9 +540,32 @@ void ShardUnit::finish_reduce() {
   }
   rs_.input = at::Tensor();
   rs_.output = at::Tensor();
-  BufferPool::instance().give(std::move(rs_.block));
-  rs_.block = at::Tensor();
+  rs_.input_block.reset();
+  notify(FullyShardEvent::kReduceScatterFinished, name_);
 }
 
 }  // namespace detail
+
+const char* to_string(FullyShardEvent event) {
+  switch (event) {
+    case FullyShardEvent::kAllGatherStarted:
+      return "all_gather_started";
+    case FullyShardEvent::kUnsharded:
+      return "unsharded";
+    case FullyShardEvent::kResharded:
+      return "resharded";
+    case FullyShardEvent::kReduceScatterStarted:
+      return "reduce_scatter_started";
+    case FullyShardEvent::kReduceScatterFinished:
+      return "reduce_scatter_finished";
+  }
+  return "unknown";
+}
+
+void set_fully_shard_observer(FullyShardObserver observer) {
+  std::shared_ptr<const FullyShardObserver> next;
+  if (observer) next = std::make_shared<const FullyShardObserver>(std::move(observer));
+  std::atomic_store(&detail::observer_slot(), std::move(next));
+}
+
 }  // namespace ddp

@@ -18,6 +18,9 @@
 #include <ddp/distributed/process_group.h>
 #include <ddp/parallel/fully_shard.h>
 
+#include "distributed/common/host_blocks.h"
+#include "distributed/work.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
@@ -91,6 +94,8 @@ class ShardUnit {
   void start_unshard();
   /// Waits for it and makes every parameter full.
   void finish_unshard();
+  /// Waits for the launched all-gather (its output kept for good if it failed).
+  void wait_gather();
   /// Parameters back to their shards; the full storage freed.
   void reshard();
 
@@ -128,14 +133,14 @@ class ShardUnit {
     bool pending = false;
     Work work;
     at::Tensor input, output;
-    at::Tensor block;  // output's bytes (Note [Reused buffers on the CPU])
+    HostBlock block;  // output's bytes (Note [Host blocks])
   } ag_;
-  at::Tensor full_block_;  // the full parameters' bytes while unsharded
+  HostBlock full_block_;  // the full parameters' bytes while unsharded
   struct Reduce {
     bool pending = false;
-    Work work;
+    std::shared_ptr<PendingWork> work;
     at::Tensor input, output;
-    at::Tensor block;              // input's bytes
+    HostBlock input_block;         // input's bytes (Note [Host blocks])
     std::vector<size_t> reduced;   // indices into params_, in the buffer's order
     std::vector<int64_t> offsets;  // each one's offset in a rank's row
     int64_t width = 0;             // gradient elements per rank's row (then the flags)
@@ -143,6 +148,9 @@ class ShardUnit {
     at::ScalarType dtype = at::kFloat;  // reduce_dtype(); the wire's may be wider
   } rs_;
 };
+
+/// Tells the observer, if one is installed (set_fully_shard_observer).
+void notify(FullyShardEvent event, const std::string& unit);
 
 /// Which unit shards this tensor, or nullptr (an unsharded parameter).
 ShardUnit* unit_of_param(const at::Tensor& param);

@@ -13,6 +13,12 @@
       3 ranks: --zero (ZeroRedundancyOptimizer) and --fsdp (fully_shard), the latter also
       with --grad-accum 2, end with the parameters and losses of plain DDP.
 
+  check_gpt.py activation-checkpointing DDPRUN GPT WORKDIR
+      2 ranks with dropout, 8 steps: --activation-checkpointing gives the losses and the
+      final parameters of the same run without it, bit for bit (the recompute replays
+      the forward's dropout masks and autocast), under DDP, under --fsdp, and with
+      --amp --grad-accum 2.
+
   check_gpt.py resume DDPRUN GPT WORKDIR
       2 ranks with dropout, checkpoints every 3 steps: every worker is killed with
       SIGKILL in the middle of an epoch; --resume then ends with exactly the model
@@ -218,6 +224,26 @@ def check_variants(ddprun, gpt, work):
     print(f"OK: --fsdp --grad-accum 2 at 3 ranks: parameters within {w:.2g} of DDP's")
 
 
+def check_activation_checkpointing(ddprun, gpt, work):
+    fresh(work)
+    common = ["--max-steps", "8", "--log-every", "1", "--save-every", "0"]  # dropout 0.1
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"]),
+                        ("amp_accum", ["--amp", "--grad-accum", "2"])):
+        ref = cpp_run(ddprun, gpt, work, name, 2, common + extra)
+        cmd = [ddprun, "--nproc-per-node", "2", "--", gpt, "--run-dir", work, "--name",
+               name + "_ac", "--data", os.path.join(work, "text.txt")] + SMALL + common + extra
+        code, out = run(cmd + ["--activation-checkpointing"], 300)
+        if code != 0 or "activation checkpointing" not in out:
+            fail(f"{name} --activation-checkpointing: exit code {code}, expected 0 and the "
+                 "banner to say 'activation checkpointing'", out)
+        got = os.path.join(work, name + "_ac")
+        compare_records(read_records(os.path.join(got, "metrics.jsonl")),
+                        read_records(os.path.join(ref, "metrics.jsonl")), 0, name)
+        compare_models(os.path.join(got, "model.pt"), os.path.join(ref, "model.pt"), 0, name)
+        print(f"OK: --activation-checkpointing {' '.join(extra)}: the same losses and "
+              "parameters, bit for bit")
+
+
 def children(pid):
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -377,6 +403,8 @@ def main():
         check_python(args[0], args[1], args[2], args[3], extra)
     elif mode == "variants":
         check_variants(*args)
+    elif mode == "activation-checkpointing":
+        check_activation_checkpointing(*args)
     elif mode == "resume":
         check_resume(*args)
     elif mode == "standin":

@@ -109,6 +109,9 @@ std::vector<at::Tensor> unit_post_forward(ShardUnit& unit, std::vector<at::Tenso
                                           bool known);
 /// The forward threw: leave no step half begun.
 void unit_forward_failed(ShardUnit& unit);
+/// Refuses a forward inside a function that ddp::checkpoint recomputes, saying `fix`
+/// (activation_checkpoint.h; a unit's hooks would be dropped with that function's graph).
+void check_outside_checkpoint(const std::string& what, const std::string& fix);
 
 /// Puts each tensor of T back from `tensors` in the order OutputTensors<T> collects them.
 template <typename T, typename = void>
@@ -306,6 +309,10 @@ R call_with(M& module, Tuple&& args, const std::vector<at::Tensor>& tensors,
 template <typename M, typename Self, typename R, typename... Args>
 R fully_shard_forward(Self& self, M& module, Args&&... args) {
   if (!self.is_sharded()) return module.forward(std::forward<Args>(args)...);
+  check_outside_checkpoint(self.name(),
+                           "Wrap the block first and shard the wrapper, so that the checkpoint "
+                           "sits inside the unit: ddp::apply_activation_checkpointing<Block>"
+                           "(model) or ddp::checkpoint_wrapper(block), then ddp::fully_shard.");
   std::vector<at::Tensor> inputs;
   auto collect = [&inputs](const auto& arg) {
     if constexpr (std::is_same<std::decay_t<decltype(arg)>, at::Tensor>::value) {
@@ -407,6 +414,23 @@ FullyShard<M> fully_shard(FullyShard<M>& unit,
   unit->shard_with(options);
   return unit;
 }
+/// A step of a unit's schedule, as reported to a FullyShardObserver.
+enum class FullyShardEvent {
+  kAllGatherStarted,       ///< the all-gather of the unit's shards was launched
+  kUnsharded,              ///< its parameters are full (the all-gather was waited for)
+  kResharded,              ///< its full parameters were freed; the shards are back
+  kReduceScatterStarted,   ///< its full gradients were copied out and the reduce-scatter launched
+  kReduceScatterFinished,  ///< the reduce-scatter was waited for; sharded gradients updated
+};
+/// "all_gather_started", "unsharded", ...
+const char* to_string(FullyShardEvent event);
+/// Called right after each event, on the thread that caused it (the training thread or
+/// autograd's), with the unit's module name. For diagnostics: memory timelines
+/// (ddp::cpu_memory_stats), traces. It must not call into the model or run collectives.
+using FullyShardObserver = std::function<void(FullyShardEvent, const std::string& unit)>;
+/// Installs `observer` for every unit of this process (nullptr: none, the default).
+void set_fully_shard_observer(FullyShardObserver observer);
+
 /// The global norm of the gradients of `parameters` (norm_type: 2, 1, or infinity), with
 /// each sharded gradient counted once across the ranks of its unit's group and every
 /// other gradient once; scales them all by max_norm / (norm + 1e-6) when the norm exceeds

@@ -93,6 +93,10 @@ class HierComm final : public Comm {
                                                      ReduceOp op) override {
     return global().reduce_scatter_tensor(output, input, op);
   }
+  std::shared_ptr<PendingWork> reduce_scatter_tensor_scratch(at::Tensor& output, at::Tensor& input,
+                                                             ReduceOp op) override {
+    return global().reduce_scatter_tensor_scratch(output, input, op);
+  }
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override {
     return global().all_gather_into_tensor(output, input);

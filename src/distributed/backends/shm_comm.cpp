@@ -233,6 +233,50 @@ class ShmComm final : public Comm {
     });
   }
 
+  // Note [Direct reduce-scatter and all-gather] (shm_transport.h), where every rank may
+  // reach every other's memory; else the flat fallbacks over all_reduce and all_gather.
+  std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                     ReduceOp op) override {
+    check_flat("reduce_scatter_tensor", input, output);
+    const auto dtype = shm_dtype(input.scalar_type());
+    if (!direct_ || !dtype || !input.is_cpu())
+      return Comm::reduce_scatter_tensor(output, input, op);
+    if (output.numel() == 0) return done_work({output});
+    std::vector<at::Tensor> held{input, output};
+    return launch("reduce_scatter_tensor", {output}, [held, dtype, op](shm::Transport& tr) {
+      try {
+        tr.reduce_scatter_direct(held[0].data_ptr(), held[1].data_ptr(),
+                                 static_cast<size_t>(held[1].numel()), *dtype, shm_op(op));
+      } catch (...) {
+        keep_for_good(held);  // a stuck peer may still read the input
+        throw;
+      }
+    });
+  }
+
+  std::shared_ptr<PendingWork> reduce_scatter_tensor_scratch(at::Tensor& output, at::Tensor& input,
+                                                             ReduceOp op) override {
+    if (direct_) return reduce_scatter_tensor(output, input, op);
+    check_flat("reduce_scatter_tensor", input, output);
+    return reduce_scatter_by_all_reduce(output, input, op, /*in_place=*/true);
+  }
+
+  std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
+                                                      at::Tensor& input) override {
+    check_flat("all_gather_into_tensor", output, input);
+    if (!direct_ || !input.is_cpu()) return Comm::all_gather_into_tensor(output, input);
+    if (input.numel() == 0) return done_work({output});
+    std::vector<at::Tensor> held{input, output};
+    return launch("all_gather_into_tensor", {output}, [held](shm::Transport& tr) {
+      try {
+        tr.all_gather_direct(held[0].data_ptr(), held[1].data_ptr(), held[0].nbytes());
+      } catch (...) {
+        keep_for_good(held);
+        throw;
+      }
+    });
+  }
+
   void barrier() override {
     launch("barrier", {}, [](shm::Transport& tr) { tr.barrier(); })->wait();
   }
@@ -380,9 +424,10 @@ class ShmComm final : public Comm {
     std::string name = what;
     shm::Transport* transport = transport_.get();  // outlives the queue's worker
     queue_->submit([future, config, name, transport, result = std::move(result),
-                    body = std::move(body)] {
+                    body = std::move(body)]() mutable {
       try {
         body(*transport);
+        body = nullptr;  // what it holds goes before the waiter wakes
       } catch (const shm::Error& e) {
         future->setError(collective_error(e, *config, name));
         return;

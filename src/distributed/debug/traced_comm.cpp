@@ -177,6 +177,14 @@ std::shared_ptr<PendingWork> TracedComm::reduce_scatter_tensor(at::Tensor& outpu
                 [&] { return inner_->reduce_scatter_tensor(output, input, op); });
 }
 
+std::shared_ptr<PendingWork> TracedComm::reduce_scatter_tensor_scratch(at::Tensor& output,
+                                                                       at::Tensor& input,
+                                                                       ReduceOp op) {
+  return traced("reduce_scatter_tensor(" + op_name(op) + ") [" + describe_tensors({input}) + "]",
+                device_of({input}),
+                [&] { return inner_->reduce_scatter_tensor_scratch(output, input, op); });
+}
+
 std::shared_ptr<PendingWork> TracedComm::all_gather_into_tensor(at::Tensor& output,
                                                                 at::Tensor& input) {
   return traced("all_gather_into_tensor [" + describe_tensors({input}) + "]", device_of({input}),

@@ -39,6 +39,8 @@ class TracedComm final : public Comm {
                                           std::vector<at::Tensor>& inputs) override;
   std::shared_ptr<PendingWork> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                      ReduceOp op) override;
+  std::shared_ptr<PendingWork> reduce_scatter_tensor_scratch(at::Tensor& output, at::Tensor& input,
+                                                             ReduceOp op) override;
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override;
   void barrier() override;

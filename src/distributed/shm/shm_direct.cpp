@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -307,6 +308,104 @@ void Transport::reduce_direct_chunk(const Call& call, size_t begin, size_t end) 
       fail_cross_copy(err, k, "write", call);
     }
   }
+}
+
+// ---- Note [Direct reduce-scatter and all-gather] (shm_transport.h) ------------------
+// fully_shard's flat collectives on the direct all-reduce's machinery: A publishes each
+// rank's buffer, B reads the peers' parts, C ends. Nothing is written into a peer: a
+// rank only reads, so a peer's buffers are its own again once every rank has published B.
+
+namespace {
+// Bytes read from one peer per system call in an all-gather: large enough to pay for
+// the call, small enough to notice a failed peer soon.
+constexpr size_t kGatherChunk = size_t(4) << 20;
+}  // namespace
+
+void Transport::publish_one_span(const void* data, size_t count) {
+  DirectArea& area = direct_area(options_.rank);
+  area.num_spans = 1;
+  area.scale = 1.0;
+  area.spans[0] = SpanEntry{static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)),
+                            static_cast<uint64_t>(count)};
+}
+
+void Transport::reduce_scatter_direct(const void* input, void* output, size_t count, DType dtype,
+                                      Op op) {
+  if (!direct_) {
+    throw std::logic_error("reduce_scatter_direct on a transport whose direct path is off");
+  }
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  const size_t esize = dtype_size(dtype);
+  const Call call = Call::reduction(Kind::kReduceScatterDirect, count, dtype, op);
+  publish_one_span(input, count * static_cast<size_t>(n));
+  enter_unit(call);
+
+  const size_t first = count * static_cast<size_t>(me);
+  const size_t step = std::max<size_t>(1, direct_chunk_ / esize);
+  auto* out = static_cast<unsigned char*>(output);
+  const auto* own = static_cast<const unsigned char*>(input);
+  for (size_t a = 0; a < count; a += step) {
+    check_stopped(call, -1);
+    const size_t len = std::min(count - a, step);
+    const size_t bytes = len * esize;
+    for (int k = 0; k < n; ++k) {
+      if (k == me) {
+        inputs_[static_cast<size_t>(k)] = own + (first + a) * esize;
+        continue;
+      }
+      unsigned char* buf = scratch_.data() + static_cast<size_t>(k) * direct_chunk_;
+      const DirectArea& theirs = direct_area(k);
+      iovec local{buf, bytes};
+      iovec remote{reinterpret_cast<unsigned char*>(
+                       static_cast<uintptr_t>(theirs.spans[0].address)) +
+                       (first + a) * esize,
+                   bytes};
+      if (const int err = read_from(static_cast<pid_t>(peer_pids_[static_cast<size_t>(k)]), &local,
+                                    1, &remote, 1, bytes)) {
+        fail_cross_copy(err, k, "read", call);
+      }
+      inputs_[static_cast<size_t>(k)] = buf;
+    }
+    reduce(dtype, op, out + a * esize, nullptr, 0, inputs_.data(), n, 0, len);
+  }
+  leave_unit(call);  // every peer has read this rank's input: it is the caller's again
+}
+
+void Transport::all_gather_direct(const void* input, void* output, size_t bytes) {
+  if (!direct_) {
+    throw std::logic_error("all_gather_direct on a transport whose direct path is off");
+  }
+  const int n = options_.world_size;
+  const int me = options_.rank;
+  Call call;
+  call.kind = Kind::kAllGatherDirect;
+  call.bytes = bytes;
+  publish_one_span(input, bytes);
+  enter_unit(call);
+
+  auto* out = static_cast<unsigned char*>(output);
+  for (int i = 1; i <= n; ++i) {
+    const int k = (me + i) % n;  // the ranks read different peers at first
+    unsigned char* dst = out + static_cast<size_t>(k) * bytes;
+    if (k == me) {
+      if (dst != input) std::memmove(dst, input, bytes);
+      continue;
+    }
+    const DirectArea& theirs = direct_area(k);
+    auto* src = reinterpret_cast<unsigned char*>(static_cast<uintptr_t>(theirs.spans[0].address));
+    for (size_t a = 0; a < bytes; a += kGatherChunk) {
+      check_stopped(call, -1);
+      const size_t len = std::min(bytes - a, kGatherChunk);
+      iovec local{dst + a, len};
+      iovec remote{src + a, len};
+      if (const int err = read_from(static_cast<pid_t>(peer_pids_[static_cast<size_t>(k)]), &local,
+                                    1, &remote, 1, len)) {
+        fail_cross_copy(err, k, "read", call);
+      }
+    }
+  }
+  leave_unit(call);
 }
 
 }  // namespace shm

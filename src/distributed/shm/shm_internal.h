@@ -25,7 +25,9 @@ enum class Kind : uint8_t {
   kAllGather,
   kBarrier,
   kAllReduceInPool,
-  kAllReduceDirect
+  kAllReduceDirect,
+  kReduceScatterDirect,
+  kAllGatherDirect
 };
 
 inline const char* kind_name(Kind k) {
@@ -42,6 +44,10 @@ inline const char* kind_name(Kind k) {
       return "all_reduce of a shared buffer";
     case Kind::kAllReduceDirect:
       return "all_reduce of private buffers";
+    case Kind::kReduceScatterDirect:
+      return "reduce_scatter of private buffers";
+    case Kind::kAllGatherDirect:
+      return "all_gather of private buffers";
   }
   return "?";
 }
@@ -77,7 +83,8 @@ struct Transport::Call {
     const auto kind = static_cast<Kind>(code & 0xFF);
     std::ostringstream os;
     os << kind_name(kind);
-    if (kind == Kind::kAllReduce || kind == Kind::kAllReduceDirect) {
+    if (kind == Kind::kAllReduce || kind == Kind::kAllReduceDirect ||
+        kind == Kind::kReduceScatterDirect) {
       os << " (" << dtype_name(static_cast<DType>((code >> 8) & 0xFF)) << ", "
          << op_name(static_cast<Op>((code >> 16) & 0xFF)) << ", " << bytes << " bytes)";
     } else if (kind == Kind::kAllReduceInPool) {
@@ -86,7 +93,7 @@ struct Transport::Call {
          << " in pool " << (code >> 32) << ")";
     } else if (kind == Kind::kBroadcast) {
       os << " (from rank " << static_cast<int32_t>(code >> 32) << ", " << bytes << " bytes)";
-    } else if (kind == Kind::kAllGather) {
+    } else if (kind == Kind::kAllGather || kind == Kind::kAllGatherDirect) {
       os << " (" << bytes << " bytes per rank)";
     }
     return os.str();

@@ -217,6 +217,16 @@ class Transport {
   /// (float32 and float64 SUM only; else it must be 1). Needs direct() and at most
   /// kMaxSpans spans.
   void all_reduce_direct(const std::vector<Span>& spans, DType dtype, Op op, double scale = 1.0);
+  /// Note [Direct reduce-scatter and all-gather]: `output` (count elements, this rank's
+  /// own memory) receives partition `rank` of the reduction of every rank's `input`
+  /// (world_size * count elements): this rank reads that partition of each peer's input
+  /// straight from its memory, chunk by chunk, and folds every rank's values in rank
+  /// order (the bits of the direct all-reduce's partition). `output` may be this rank's
+  /// own partition of `input`. Needs direct().
+  void reduce_scatter_direct(const void* input, void* output, size_t count, DType dtype, Op op);
+  /// Part r of `output` (world_size * bytes, this rank's memory) receives rank r's
+  /// `input` (bytes), read straight from its memory: one copy per byte. Needs direct().
+  void all_gather_direct(const void* input, void* output, size_t bytes);
   /// In place: every rank ends with root's `bytes` bytes.
   void broadcast(void* data, size_t bytes, int root);
   /// outputs[r] receives rank r's `bytes` bytes from `input`.
@@ -251,6 +261,8 @@ class Transport {
   void run_in_pool(const Call& call);
   void run_direct(const Call& call, const std::vector<Span>& spans, double scale);
   void reduce_direct_chunk(const Call& call, size_t begin, size_t end);
+  /// A: publishes one span of this rank's memory for the peers to read.
+  void publish_one_span(const void* data, size_t count);
   [[noreturn]] void fail_cross_copy(int err, int peer, const char* what, const Call& call);
   struct DirectArea;
   DirectArea& direct_area(int rank) const;

@@ -13,6 +13,7 @@
 #include <ddp/errors.h>
 
 #include <ddp/distributed/process_group.h>
+#include <ddp/distributed/memory.h>
 
 #include <ddp/parallel/activation_checkpoint.h>
 #include <ddp/parallel/comm_hooks.h>

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   std::string mode, backend;
   int64_t dim = 1024, blocks = 6, batch = 16, iters = 6, warmup = 2;
   std::string timeline_path;
+  bool caching = false;
   app.add_option("mode", mode, "ddp, zero or fsdp")
       ->required()
       ->check(CLI::IsMember({"ddp", "zero", "fsdp"}));
@@ -122,6 +123,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--timeline", timeline_path,
                  "Write each rank's memory at every event of every step to PATH.rankR.jsonl");
+  app.add_flag(
+      "--caching-allocator", caching,
+      "LibTorch's large CPU tensors from ddp-cpp's cache (ddp::enable_cpu_caching_allocator)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -130,6 +134,9 @@ int main(int argc, char** argv) {
     // Counted from here: the baseline is the process after init_process_group, before the
     // model exists.
     ddp::enable_cpu_allocation_counting();
+    if (caching && !ddp::enable_cpu_caching_allocator()) {
+      throw std::runtime_error("--caching-allocator: the CPU allocator could not be wrapped");
+    }
     const ddp::CpuMemoryStats baseline = ddp::cpu_memory_stats();
     Timeline timeline;
     if (!timeline_path.empty()) {

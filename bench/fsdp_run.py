@@ -15,13 +15,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MB = 1e6
 
 
-def run_config(ddprun, ranks, cmd, name, backend):
+def run_config(ddprun, ranks, cmd, name, backend, env=None):
     full = [ddprun, "--nproc-per-node", str(ranks), "--no-prefix", "--"] + cmd
+    env = dict(os.environ, **(env or {}))
     # PyTorch 2.x's Gloo has been seen to abort a process at exit ("terminate called
     # without an active exception") after it printed its result; such a run is repeated,
     # up to twice.
     for attempt in range(3):
-        out = subprocess.run(full, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(full, capture_output=True, text=True, timeout=900, env=env)
         lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
         if out.returncode == 0 and lines:
             return json.loads(lines[-1])
@@ -59,8 +60,8 @@ def write_timeline(a, ddprun, cpp, size, out_path):
         "configuration (the model of bench/results/fsdp.md). Figures are MB above the "
         "process's baseline (after `init_process_group`, before the model exists): the "
         "resident set (RSS), LibTorch's live CPU allocations (allocated), ddp-cpp's reused "
-        "buffers in use and cached, and what glibc holds freed (resident or not). Units "
-        "are numbered in forward order.",
+        "buffers in use and cached, and what glibc holds freed (resident or not). A unit "
+        "is named by its place in the model (block 3 of the Sequential: `3`).",
         "",
     ]
     for mode, backend, baseline, step in rows:
@@ -68,15 +69,11 @@ def write_timeline(a, ddprun, cpp, size, out_path):
         lines += [f"## {name} on {backend}", "",
                   "| ms | event | unit | RSS | allocated | buffers in use | cached | glibc free |",
                   "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        seen = {}
+        unit_events = {"all_gather_started", "unsharded", "resharded", "reduce_scatter_started",
+                       "reduce_scatter_finished"}
         for e in step:
-            unit = ""
-            if e["unit"]:
-                # The units have one name (the block's type): number them by their first
-                # all-gather in the step.
-                key = (e["event"], e["unit"])
-                seen[key] = seen.get(key, 0) + 1
-                unit = str(seen[key])
+            # A unit by its place in the model ("3": the Sequential's fourth block).
+            unit = (e["unit"] or "root") if e["event"] in unit_events else ""
             lines.append(
                 f"| {e['ms']:.1f} | {e['event']} | {unit} | {(e['rss'] - baseline['rss']) / MB:.0f} | "
                 f"{e['allocated'] / MB:.0f} | {e['buffers_in_use'] / MB:.0f} | "
@@ -95,6 +92,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a small model, 2 trials")
     ap.add_argument("--timeline", action="store_true",
                     help="also write bench/results/fsdp-timeline.md")
+    ap.add_argument("--timeline-only", action="store_true",
+                    help="write bench/results/fsdp-timeline.md alone")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "fsdp.md"))
     a = ap.parse_args()
     size = ["--dim", "1024", "--blocks", "6"]
@@ -104,26 +103,37 @@ def main():
     ddprun = os.path.join(a.build_dir, "bin", "ddprun")
     cpp = os.path.join(a.build_dir, "bin", "bench_fsdp")
     py = [a.python, os.path.join(HERE, "fsdp_py.py")]
+    glibc = {"DDP_CPU_CACHING_ALLOCATOR": "0"}
+    # (name, backend, ranks, command, environment). fully_shard turns on the caching CPU
+    # allocator itself (docs/fsdp.md); the rows marked glibc run without it, and DDP runs
+    # once with it (--caching-allocator), so that each comparison is visible.
     configs = [
-        ("ddp-cpp DDP", "shm", 2, [cpp, "ddp", "--backend", "shm"]),
-        ("ddp-cpp ZeRO-1", "shm", 2, [cpp, "zero", "--backend", "shm"]),
-        ("ddp-cpp fully_shard", "shm", 2, [cpp, "fsdp", "--backend", "shm"]),
-        ("ddp-cpp DDP", "gloo", 2, [cpp, "ddp", "--backend", "gloo"]),
-        ("ddp-cpp fully_shard", "gloo", 2, [cpp, "fsdp", "--backend", "gloo"]),
-        ("PyTorch FSDP2", "gloo", 2, py + ["fsdp2"]),
-        ("PyTorch DDP", "gloo", 2, py + ["ddp"]),
-        ("ddp-cpp fully_shard", "shm", 4, [cpp, "fsdp", "--backend", "shm"]),
-        ("ddp-cpp fully_shard", "gloo", 4, [cpp, "fsdp", "--backend", "gloo"]),
+        ("ddp-cpp DDP", "shm", 2, [cpp, "ddp", "--backend", "shm"], None),
+        ("ddp-cpp DDP + caching allocator", "shm", 2,
+         [cpp, "ddp", "--backend", "shm", "--caching-allocator"], None),
+        ("ddp-cpp ZeRO-1", "shm", 2, [cpp, "zero", "--backend", "shm"], None),
+        ("ddp-cpp fully_shard", "shm", 2, [cpp, "fsdp", "--backend", "shm"], None),
+        ("ddp-cpp fully_shard, glibc", "shm", 2, [cpp, "fsdp", "--backend", "shm"], glibc),
+        ("ddp-cpp DDP", "gloo", 2, [cpp, "ddp", "--backend", "gloo"], None),
+        ("ddp-cpp fully_shard", "gloo", 2, [cpp, "fsdp", "--backend", "gloo"], None),
+        ("ddp-cpp fully_shard, glibc", "gloo", 2, [cpp, "fsdp", "--backend", "gloo"], glibc),
+        ("PyTorch FSDP2", "gloo", 2, py + ["fsdp2"], None),
+        ("PyTorch DDP", "gloo", 2, py + ["ddp"], None),
+        ("ddp-cpp fully_shard", "shm", 4, [cpp, "fsdp", "--backend", "shm"], None),
+        ("ddp-cpp fully_shard", "gloo", 4, [cpp, "fsdp", "--backend", "gloo"], None),
     ]
+    if a.timeline_only:
+        write_timeline(a, ddprun, cpp, size, os.path.join(os.path.dirname(a.out), "fsdp-timeline.md"))
+        return
     results = {i: [] for i in range(len(configs))}
     for t in range(trials):
-        for i, (name, backend, ranks, cmd) in enumerate(configs):
-            results[i].append(run_config(ddprun, ranks, cmd + size, name, backend))
-            print(f"trial {t + 1}/{trials}  {name:22s} {backend:5s} {ranks} ranks "
+        for i, (name, backend, ranks, cmd, env) in enumerate(configs):
+            results[i].append(run_config(ddprun, ranks, cmd + size, name, backend, env))
+            print(f"trial {t + 1}/{trials}  {name:32s} {backend:5s} {ranks} ranks "
                   f"{results[i][-1]['ms']:8.1f} ms  {results[i][-1]['peak_rss'] / MB:6.0f} MB",
                   flush=True)
     rows = []
-    for i, (name, backend, ranks, _) in enumerate(configs):
+    for i, (name, backend, ranks, _, _) in enumerate(configs):
         r = results[i]
         med = lambda k: statistics.median(x[k] for x in r)  # noqa: E731
         row = dict(name=name, backend=backend, world=ranks, ms=med("ms"), rss=med("peak_rss"),
@@ -161,7 +171,8 @@ def main():
         ref = ddp_of[r["backend"]]
         base = r["baseline_rss"]
         above = f"{(r['rss'] - base) / MB:.0f}" if base else "—"
-        model = f"{model_bytes(r) / MB:.0f}" if "fully_shard" in r["name"] and r["activations"] is not None else "—"
+        model = (f"{model_bytes(r) / MB:.0f}"
+                 if "fully_shard" in r["name"] and r["activations"] is not None else "—")
         lines.append(
             f"| {r['name']} | {r['backend']} | {r['world']} | {r['ms']:.1f} | "
             f"{r['ms'] / ref['ms']:.2f} | {r['rss'] / MB:.0f} | {r['rss'] / ref['rss']:.2f} | "
@@ -174,12 +185,18 @@ def main():
         above = r["rss"] - r["baseline_rss"]
         return f"{above / MB:.0f} MB above baseline against a model of {model_bytes(r) / MB:.0f} MB ({above / model_bytes(r):.2f}x)"
 
+    fs_glibc_shm = find("ddp-cpp fully_shard, glibc", "shm")
+    fs_glibc_gloo = find("ddp-cpp fully_shard, glibc", "gloo")
+    ddp_cache = find("ddp-cpp DDP + caching allocator", "shm")
     lines += [
         "",
         "Against the targets:",
-        f"- peak RSS, fully_shard / DDP: shm {fs_shm['rss'] / ddp_shm['rss']:.2f}, "
+        f"- peak RSS, fully_shard / DDP: shm {fs_shm['rss'] / ddp_shm['rss']:.2f} "
+        f"({fs_shm['rss'] / ddp_cache['rss']:.2f} against DDP with the caching allocator too), "
         f"Gloo {fs_gloo['rss'] / ddp_of['gloo']['rss']:.2f}; fully_shard / PyTorch FSDP2 on "
-        f"Gloo {fs_gloo['rss'] / fsdp2['rss']:.2f}.",
+        f"Gloo {fs_gloo['rss'] / fsdp2['rss']:.2f}. Without the caching allocator (glibc): "
+        f"shm {fs_glibc_shm['rss'] / ddp_shm['rss']:.2f}, Gloo "
+        f"{fs_glibc_gloo['rss'] / ddp_of['gloo']['rss']:.2f} (medians; glibc's runs vary most).",
         f"- time, fully_shard / PyTorch FSDP2 on Gloo: {fs_gloo['ms'] / fsdp2['ms']:.2f}; "
         f"fully_shard / DDP on shm: {fs_shm['ms'] / ddp_shm['ms']:.2f}.",
         f"- the memory model: shm {fits(fs_shm)}; Gloo {fits(fs_gloo)}.",
@@ -187,9 +204,9 @@ def main():
         f"{fs_shm['state'] / MB:.0f} MB ({fs4_shm['state'] / fs_shm['state']:.2f}x); peak RSS "
         f"shm {fs4_shm['rss'] / MB:.0f} against {fs_shm['rss'] / MB:.0f} MB, Gloo "
         f"{fs4_gloo['rss'] / MB:.0f} against {fs_gloo['rss'] / MB:.0f} MB.",
-        f"- what glibc held freed at the end (resident or not), fully_shard: shm "
-        f"{fs_shm['malloc_free'] / MB:.0f} MB, Gloo {fs_gloo['malloc_free'] / MB:.0f} MB; DDP shm "
-        f"{ddp_shm['malloc_free'] / MB:.0f} MB.",
+        f"- what glibc held freed at the end (resident or not): fully_shard shm "
+        f"{fs_shm['malloc_free'] / MB:.0f} MB (glibc alone: {fs_glibc_shm['malloc_free'] / MB:.0f} MB), "
+        f"DDP shm {ddp_shm['malloc_free'] / MB:.0f} MB.",
         "",
     ]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

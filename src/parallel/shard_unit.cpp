@@ -299,7 +299,7 @@ void ShardUnit::start_unshard() {
     ag_.work = pg_->all_gather_into_tensor_async(ag_.output, ag_.input);
   }
   ag_.pending = true;
-  notify(FullyShardEvent::kAllGatherStarted, name_);
+  notify(FullyShardEvent::kAllGatherStarted, label());
 }
 
 void ShardUnit::finish_unshard() {
@@ -335,7 +335,7 @@ void ShardUnit::finish_unshard() {
   ag_.output = at::Tensor();
   ag_.block.reset();  // back to the pool (Note [Host blocks])
   unsharded_ = true;
-  notify(FullyShardEvent::kUnsharded, name_);
+  notify(FullyShardEvent::kUnsharded, label());
 }
 
 void ShardUnit::wait_gather() {
@@ -368,7 +368,7 @@ void ShardUnit::reshard() {
   }
   full_block_.reset();
   unsharded_ = false;
-  notify(FullyShardEvent::kResharded, name_);
+  notify(FullyShardEvent::kResharded, label());
 }
 
 void ShardUnit::stash_grads() {
@@ -491,7 +491,7 @@ void ShardUnit::reduce_grads(bool sync) {
   // The input is ours and used once: a backend may reduce in it (Gloo does).
   rs_.work = comm_of(*pg_).reduce_scatter_tensor_scratch(rs_.output, flat_in, ReduceOp::SUM);
   rs_.pending = true;
-  notify(FullyShardEvent::kReduceScatterStarted, name_);
+  notify(FullyShardEvent::kReduceScatterStarted, label());
 }
 
 void ShardUnit::finish_reduce() {
@@ -541,7 +541,7 @@ void ShardUnit::finish_reduce() {
   rs_.input = at::Tensor();
   rs_.output = at::Tensor();
   rs_.input_block.reset();
-  notify(FullyShardEvent::kReduceScatterFinished, name_);
+  notify(FullyShardEvent::kReduceScatterFinished, label());
 }
 
 }  // namespace detail

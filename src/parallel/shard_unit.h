@@ -80,6 +80,13 @@ class ShardUnit {
   void shard(std::vector<std::pair<std::string, at::Tensor>> params);
 
   const std::string& name() const { return name_; }
+  /// Where the unit sits in its root's tree ("blocks.3"; "" for the root), set at the
+  /// root's first forward; the observer's name for it (the module's name until then).
+  const std::string& label() const { return path_set_ ? path_ : name_; }
+  void set_path(std::string path) {
+    path_ = std::move(path);
+    path_set_ = true;
+  }
   ProcessGroup& group() const { return *pg_; }
   const std::shared_ptr<ProcessGroup>& group_ptr() const { return pg_; }
   const FullyShardOptions& options() const { return options_; }
@@ -120,6 +127,8 @@ class ShardUnit {
 
  private:
   std::string name_;
+  std::string path_;
+  bool path_set_ = false;
   std::shared_ptr<ProcessGroup> pg_;
   FullyShardOptions options_;
   int rank_ = 0;
@@ -151,6 +160,10 @@ class ShardUnit {
 
 /// Tells the observer, if one is installed (set_fully_shard_observer).
 void notify(FullyShardEvent event, const std::string& unit);
+
+/// Turns on the caching CPU allocator once, unless DDP_CPU_CACHING_ALLOCATOR=0 (Note
+/// [fully_shard turns on the caching CPU allocator], fully_shard.cpp).
+void default_cpu_caching_allocator();
 
 /// Which unit shards this tensor, or nullptr (an unsharded parameter).
 ShardUnit* unit_of_param(const at::Tensor& param);

@@ -52,9 +52,8 @@ int64_t bytes_of(const at::Tensor& t) {
 DDP_SCENARIO(fully_shard_memory_bound) {
   const char* env_backend = std::getenv("DDP_TEST_BACKEND");
   const char* backend_name = env_backend ? env_backend : "gloo";
-  ddp::ProcessGroupGuard guard(ddp::InitOptions()
-                                   .backend(backend_name)
-                                   .timeout(std::chrono::seconds(60)));
+  ddp::ProcessGroupGuard guard(
+      ddp::InitOptions().backend(backend_name).timeout(std::chrono::seconds(60)));
   const int r = ddp::get_rank(), world = ddp::get_world_size();
   const bool set_to_none = std::getenv("DDP_TEST_SET_TO_NONE") != nullptr;
   ddp::enable_cpu_allocation_counting();
@@ -94,8 +93,8 @@ DDP_SCENARIO(fully_shard_memory_bound) {
     // Gloo's worker thread a moment after wait() returns, so a unit's block may still be
     // held when the next is taken.
     const int64_t backend = std::string(backend_name) == "gloo" ? 2 * unit : 0;
-    const int64_t bound = 2 * unit + unit + unit + (unit + world - 1) / world + activations +
-                          new_grads + backend;
+    const int64_t bound =
+        2 * unit + unit + unit + (unit + world - 1) / world + activations + new_grads + backend;
     // Slack: 5% and 256 KiB for LibTorch's small allocations and the units' padding.
     const int64_t slack = bound / 20 + (256 << 10);
     std::printf(
@@ -145,7 +144,9 @@ TEST_P(FullyShardMemoryTest, AStepStaysWithinTheMemoryModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FullyShardMemoryTest,
-                         ::testing::Values(MemoryCase{"shm", 2, false}, MemoryCase{"gloo", 2, false},
-                                           MemoryCase{"gloo", 3, true}, MemoryCase{"shm", 3, true}));
+                         ::testing::Values(MemoryCase{"shm", 2, false},
+                                           MemoryCase{"gloo", 2, false},
+                                           MemoryCase{"gloo", 3, true},
+                                           MemoryCase{"shm", 3, true}));
 
 }  // namespace fully_shard_memory_test

@@ -35,8 +35,9 @@ struct CpuMemoryStats {
   /// the system: resident, but in no tensor. -1 where unknown.
   int64_t malloc_free = -1;
   /// ddp-cpp's own reused host buffers (fully_shard's all-gather, full-parameter and
-  /// reduce-scatter blocks, mapped outside LibTorch's allocator): in use now, and kept
-  /// for reuse.
+  /// reduce-scatter blocks, mapped outside LibTorch's allocator) in use now, and what
+  /// the cache keeps for reuse (of them, and of LibTorch's tensors under
+  /// enable_cpu_caching_allocator, which `allocated` counts while they are in use).
   int64_t buffers_in_use = 0;
   int64_t buffers_cached = 0;
   /// The largest buffers_in_use since the start or the last reset.
@@ -51,6 +52,18 @@ CpuMemoryStats cpu_memory_stats();
 /// allocation then costs two atomic updates and one small extra allocation.
 void enable_cpu_allocation_counting();
 bool cpu_allocation_counting_enabled();
+
+/// LibTorch's CPU tensors of 1 MiB or more come from now on from a cache of reused
+/// mappings, as the CUDA caching allocator serves a GPU (Note [The caching CPU
+/// allocator]): a training step, which asks for the same sizes every step, gets the same
+/// blocks back, with no page faults and no heap fragmentation. The cache never holds more
+/// than the largest amount in use at once; release_free_cpu_memory() empties it. Under
+/// fully_shard it takes the peak RSS down by what glibc's heap would hold free (docs/fsdp.md,
+/// "The memory model"). Process-wide; call it once, early, before the model is built.
+/// Idempotent. Returns false (and changes nothing) where the current CPU allocator is not
+/// LibTorch's default.
+bool enable_cpu_caching_allocator();
+bool cpu_caching_allocator_enabled();
 
 /// Starts peak_rss, peak_allocated and peak_buffers_in_use afresh from the current
 /// figures. peak_rss restarts only where the kernel allows it (/proc/self/clear_refs);

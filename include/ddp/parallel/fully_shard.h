@@ -425,7 +425,8 @@ enum class FullyShardEvent {
 /// "all_gather_started", "unsharded", ...
 const char* to_string(FullyShardEvent event);
 /// Called right after each event, on the thread that caused it (the training thread or
-/// autograd's), with the unit's module name. For diagnostics: memory timelines
+/// autograd's), with the unit's place in its root's tree ("blocks.3", "" for the root;
+/// before the root's first forward, the module's name). For diagnostics: memory timelines
 /// (ddp::cpu_memory_stats), traces. It must not call into the model or run collectives.
 using FullyShardObserver = std::function<void(FullyShardEvent, const std::string& unit)>;
 /// Installs `observer` for every unit of this process (nullptr: none, the default).

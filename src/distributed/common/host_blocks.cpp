@@ -28,7 +28,7 @@ namespace {
 // So on the CPU these blocks come from a pool of our own mappings:
 // - A take is served by the smallest cached block that holds it with little to spare
 //   (at most a quarter more), else by a new mapping (rounded up to 64 KiB, or 2 MiB
-//   above 8 MiB, with transparent huge pages asked for: one fault per 2 MiB instead of
+//   above 32 MiB, with transparent huge pages asked for: one fault per 2 MiB instead of
 //   one per 4 KiB).
 // - A block returns when its HostBlock is destroyed or reset, which its owner does
 //   once the collective that used it was waited for. Not when the last tensor over it
@@ -47,7 +47,7 @@ constexpr int64_t kSmall = 64 << 10;
 constexpr int64_t kHuge = 2 << 20;
 
 int64_t rounded(int64_t bytes) {
-  const int64_t step = bytes > (8 << 20) ? kHuge : kSmall;
+  const int64_t step = bytes > (int64_t(32) << 20) ? kHuge : kSmall;
   return (bytes + step - 1) / step * step;
 }
 
@@ -59,7 +59,7 @@ class Pool {
   }
 
   /// A block of at least `bytes` bytes: its address and size.
-  std::pair<void*, int64_t> take(int64_t bytes) {
+  std::pair<void*, int64_t> take(int64_t bytes, bool tensor) {
     void* data = nullptr;
     int64_t size = 0;
     {
@@ -73,26 +73,26 @@ class Pool {
       } else {
         size = rounded(bytes);
         // Make room: in use plus cached stays within the largest in-use figure.
-        const int64_t limit = std::max(bound_, stats_.in_use + size);
-        while (!cached_.empty() && stats_.in_use + stats_.cached + size > limit) {
+        const int64_t limit = std::max(bound_, used() + size);
+        while (!cached_.empty() && used() + stats_.cached + size > limit) {
           auto victim = std::prev(cached_.end());  // the largest: the fewest unmaps
           unmap(victim->second, victim->first);
           stats_.cached -= victim->first;
           cached_.erase(victim);
         }
       }
-      stats_.in_use += size;
+      (tensor ? stats_.tensors_in_use : stats_.in_use) += size;
       stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
-      bound_ = std::max(bound_, stats_.in_use);
+      bound_ = std::max(bound_, used());
     }
     if (!data) data = map(size);
     return {data, size};
   }
 
-  void give(void* data, int64_t size) {
+  void give(void* data, int64_t size, bool tensor) {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.in_use -= size;
-    if (stats_.in_use + stats_.cached + size > bound_) {
+    (tensor ? stats_.tensors_in_use : stats_.in_use) -= size;
+    if (used() + stats_.cached + size > bound_) {
       unmap(data, size);
       return;
     }
@@ -116,17 +116,17 @@ class Pool {
     cached_.clear();
     stats_.cached = 0;
     stats_.peak_in_use = stats_.in_use;
-    bound_ = stats_.in_use;
+    bound_ = used();
   }
 
  private:
   void* map(int64_t size) {
     void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "ddp: could not map ", size, " bytes for a fully_shard buffer: ",
-                std::strerror(errno),
-                ". The host is out of memory: use more ranks, a smaller unit, or "
-                "reshard_after_forward.");
+    TORCH_CHECK(p != MAP_FAILED, "ddp: could not map ", size,
+                " bytes of host memory: ", std::strerror(errno),
+                ". The host is out of memory (under fully_shard: use more ranks, smaller "
+                "units, or reshard_after_forward).");
 #ifdef MADV_HUGEPAGE
     if (size >= kHuge) madvise(p, static_cast<size_t>(size), MADV_HUGEPAGE);
 #endif
@@ -135,18 +135,19 @@ class Pool {
     return p;
   }
   static void unmap(void* data, int64_t size) { munmap(data, static_cast<size_t>(size)); }
+  int64_t used() const { return stats_.in_use + stats_.tensors_in_use; }
 
   std::mutex mutex_;
   std::multimap<int64_t, void*> cached_;  // size -> block
   HostBlockStats stats_;
-  int64_t bound_ = 0;  // the largest in_use since the start or release(): what may be kept
+  int64_t bound_ = 0;  // the largest used() since the start or release(): what may be kept
 };
 
 }  // namespace
 
 HostBlock::HostBlock(int64_t bytes, c10::Device device) {
   if (device.is_cpu() && bytes >= kSmall) {
-    std::tie(data_, size_) = Pool::instance().take(bytes);
+    std::tie(data_, size_) = Pool::instance().take(bytes, /*tensor=*/false);
     // Not owned: the memory is the pool's, given back by reset().
     at::DataPtr ptr(data_, c10::Device(c10::kCPU));
     c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(bytes),
@@ -174,7 +175,7 @@ HostBlock& HostBlock::operator=(HostBlock&& other) noexcept {
 
 void HostBlock::reset() {
   tensor_ = at::Tensor();
-  if (data_) Pool::instance().give(data_, size_);
+  if (data_) Pool::instance().give(data_, size_, /*tensor=*/false);
   data_ = nullptr;
   size_ = 0;
 }
@@ -183,6 +184,14 @@ void HostBlock::keep_for_good() {
   tensor_ = at::Tensor();
   data_ = nullptr;  // never unmapped; the pool counts it in use for good
   size_ = 0;
+}
+
+std::pair<void*, int64_t> take_host_memory(int64_t bytes) {
+  return Pool::instance().take(bytes, /*tensor=*/true);
+}
+
+void give_host_memory(void* data, int64_t size) {
+  Pool::instance().give(data, size, /*tensor=*/true);
 }
 
 HostBlockStats host_block_stats() { return Pool::instance().stats(); }

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace ddp {
 namespace detail {
@@ -40,11 +41,17 @@ class HostBlock {
   int64_t size_ = 0;
 };
 
+/// The pool's memory without a tensor, for the caching CPU allocator (cpu_memory.cpp): at
+/// least `bytes` bytes, and the size to give back with it.
+std::pair<void*, int64_t> take_host_memory(int64_t bytes);
+void give_host_memory(void* data, int64_t size);
+
 struct HostBlockStats {
-  int64_t in_use = 0;       // bytes of blocks handed out and not back yet
-  int64_t cached = 0;       // bytes kept for the next take
-  int64_t peak_in_use = 0;  // the largest in_use since the start or the last reset
-  int64_t maps = 0;         // blocks mapped from the system so far
+  int64_t in_use = 0;          // bytes of HostBlocks handed out and not back yet
+  int64_t tensors_in_use = 0;  // bytes of LibTorch's tensors (the caching allocator's)
+  int64_t cached = 0;          // bytes kept for the next take
+  int64_t peak_in_use = 0;     // the largest in_use since the start or the last reset
+  int64_t maps = 0;            // blocks mapped from the system so far
 };
 HostBlockStats host_block_stats();
 

@@ -38,6 +38,14 @@ def main():
          ["--iterations", "x", "-o", "/dev/null", "t.json"], "--iterations"),
         ("gpt.py", [py, os.path.join(src, "examples", "gpt", "gpt.py")],
          ["--n-layer", "x"], "--n-layer"),
+        ("gpt --no-save --resume", [os.path.join(bin_dir, "gpt")], ["--no-save", "--resume"],
+         "--no-save"),
+        ("fsdp_run.py", [py, os.path.join(src, "bench", "fsdp_run.py")],
+         ["--build-dir", bin_dir, "--trials", "x"], "--trials"),
+        ("fsdp_cap.py", [py, os.path.join(src, "bench", "fsdp_cap.py")],
+         ["--timeout", "x"], "--timeout"),
+        ("gpt_memory.py", [py, os.path.join(src, "bench", "gpt_memory.py")],
+         ["--build-dir", bin_dir, "--trials", "x"], "--trials"),
     ]
     env = dict(os.environ)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

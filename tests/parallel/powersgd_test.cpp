@@ -422,6 +422,9 @@ TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
   EXPECT_EQ(stats, (std::vector<int64_t>{iter, before, after}));
 }
 
+// Seven runs against PyTorch, each starting Python ranks (torch's import is most of
+// it): together, as CTest runs them in one process (cmake/ddpGTestList.cmake), about
+// 2 minutes on 2 cores.
 INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDPythonTest,
                          ::testing::Values(PsgdRun{2, 1, true, false}, PsgdRun{2, 4, true, false},
                                            PsgdRun{2, 1, false, false}, PsgdRun{2, 4, false, false},

@@ -34,10 +34,12 @@ def run_config(ddprun, ranks, cmd, name, backend, env=None):
 def model_bytes(r):
     """fully_shard's memory model (docs/fsdp.md): the sharded state, two units unsharded
     (the running one's full parameters, the next one's all-gather output), one unit's
-    full gradients, one reduce-scatter in flight (its input and its output), the
-    activations."""
-    u, n = r["unit"], r["world"]
-    return r["state"] + 2 * u + u + u + (u + n - 1) // n + r["activations"]
+    full gradients, one reduce-scatter's input in flight (its output is a row of it, or
+    the new sharded gradients, which the state counts), the activations; on Gloo one unit
+    more, c10d's all-gather's own flat buffer."""
+    u = r["unit"]
+    backend = u if r["backend"] == "gloo" else 0
+    return r["state"] + 2 * u + u + u + r["activations"] + backend
 
 
 def write_timeline(a, ddprun, cpp, size, out_path):

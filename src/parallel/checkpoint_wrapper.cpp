@@ -43,16 +43,7 @@ CheckpointWrapperBase::CheckpointWrapperBase(std::shared_ptr<torch::nn::Module> 
             "ddp::fully_shard to the wrapper.");
   // The module's own parameters, buffers and children, under their names, so that keys
   // do not change (as Note [Units take their module's place] in fully_shard.h).
-  for (const auto& item : module_->named_parameters(/*recurse=*/false)) {
-    register_parameter(item.key(), item.value(), item.value().requires_grad());
-  }
-  for (const auto& item : module_->named_buffers(/*recurse=*/false)) {
-    register_buffer(item.key(), item.value());
-  }
-  for (const auto& item : module_->named_children()) {
-    register_module(item.key(), item.value());
-  }
-  Module::train(module_->is_training());
+  detail::adopt_members(*this, *module_);
 }
 
 void CheckpointWrapperBase::train(bool on) {

@@ -483,16 +483,7 @@ FullyShardBase::FullyShardBase(std::shared_ptr<torch::nn::Module> module)
     : torch::nn::Module("ddp::FullyShard<" + module->name() + ">"), module_(std::move(module)) {
   // Note [Units take their module's place]: the module's own parameters, buffers and
   // children, under their names, so that keys do not change.
-  for (const auto& item : module_->named_parameters(/*recurse=*/false)) {
-    register_parameter(item.key(), item.value(), item.value().requires_grad());
-  }
-  for (const auto& item : module_->named_buffers(/*recurse=*/false)) {
-    register_buffer(item.key(), item.value());
-  }
-  for (const auto& item : module_->named_children()) {
-    register_module(item.key(), item.value());
-  }
-  Module::train(module_->is_training());
+  detail::adopt_members(*this, *module_);
 }
 
 void FullyShardBase::shard(const FullyShardOptions& options,

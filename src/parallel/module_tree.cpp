@@ -62,5 +62,18 @@ void replace_child(Module& parent, const std::string& name, const Module* old,
   }
 }
 
+void adopt_members(torch::nn::Module& wrapper, const torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    wrapper.register_parameter(item.key(), item.value(), item.value().requires_grad());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    wrapper.register_buffer(item.key(), item.value());
+  }
+  for (const auto& item : module.named_children()) {
+    wrapper.register_module(item.key(), item.value());
+  }
+  wrapper.train(module.is_training());
+}
+
 }  // namespace detail
 }  // namespace ddp

@@ -51,5 +51,11 @@ void replace_child(torch::nn::Module& parent, const std::string& name, const tor
 
 std::string join_path(const std::string& path, const std::string& name);
 
+/// Registers `module`'s own parameters, buffers and children on `wrapper` under the same
+/// names, and takes its training mode: a wrapper that stands in the module's place
+/// (a fully_shard unit, a checkpoint wrapper) keeps the module's state-dict keys and
+/// tensors (Note [Units take their module's place] in fully_shard.h).
+void adopt_members(torch::nn::Module& wrapper, const torch::nn::Module& module);
+
 }  // namespace detail
 }  // namespace ddp

@@ -31,7 +31,7 @@ void raise_peak(int64_t now) {
 // data, freed by raw_deleter() from the data pointer alone. So what a free needs (the
 // size asked for, and where the block came from and its size) lives in a header of
 // kHeader bytes (LibTorch's CPU alignment) before the data. The allocator is never
-// removed (storages keep a pointer to it for resizing), so it is a static object,
+// removed (storages keep a pointer to it for resizing), so it is never destroyed,
 // installed once for counting, caching or both. It declares allocate() both const
 // (LibTorch 1.13's signature) and not (2.x's): each overrides the one its LibTorch
 // declares; copy_data (2.x's, pure there) is a plain method in 1.13.
@@ -112,13 +112,14 @@ bool install_allocator() {
   static std::once_flag once;
   static bool installed = false;
   std::call_once(once, [] {
-    static CountingAllocator allocator(c10::GetCPUAllocator());
+    // Never destroyed: tensors freed at exit, after static destructors, still call it.
+    auto* allocator = new CountingAllocator(c10::GetCPUAllocator());
     // An allocator whose blocks cannot be freed from their address alone cannot be
     // wrapped (not LibTorch's default).
-    if (!allocator.usable()) return;
-    CountingAllocator::self = &allocator;
+    if (!allocator->usable()) return;
+    CountingAllocator::self = allocator;
     // Above the default CPU allocator's priority (0) and any a program set before.
-    c10::SetAllocator(c10::DeviceType::CPU, &allocator, /*priority=*/100);
+    c10::SetAllocator(c10::DeviceType::CPU, allocator, /*priority=*/100);
     installed = true;
   });
   return installed;

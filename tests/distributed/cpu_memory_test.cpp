@@ -31,7 +31,8 @@ int fail(const std::string& what) {
 // Counting: a tensor's bytes appear in `allocated` and its peak, and leave when it dies;
 // the RSS grows by at least what was touched.
 DDP_SCENARIO(cpu_memory_counting) {
-  if (ddp::cpu_memory_stats().allocated != -1) return fail("allocated should be -1 before counting");
+  if (ddp::cpu_memory_stats().allocated != -1)
+    return fail("allocated should be -1 before counting");
   ddp::enable_cpu_allocation_counting();
   ddp::enable_cpu_allocation_counting();  // idempotent
   if (!ddp::cpu_allocation_counting_enabled()) return fail("counting did not start");

@@ -19,7 +19,7 @@
 #include <ddp/distributed/process_group.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>

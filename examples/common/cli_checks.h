@@ -28,7 +28,7 @@ inline const CLI::Validator kPositive = number_check(false);
 inline const CLI::Validator kNonNegative = number_check(true);
 
 /// The --backend flag's help: the rule for an empty backend in the words of
-/// InitOptions::backend's doc comment (include/ddp/distributed/process_group.h);
+/// InitOptions::backend's doc comment (include/ddp/distributed/options.h);
 /// tests/examples checks that they agree.
 inline constexpr const char* kBackendHelp =
     "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is visible; on CPUs "

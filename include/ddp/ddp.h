@@ -15,13 +15,13 @@
 #include <ddp/distributed/process_group.h>
 #include <ddp/distributed/memory.h>
 
-#include <ddp/parallel/activation_checkpoint.h>
+#include <ddp/algorithms/activation_checkpoint.h>
 #include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/fully_shard.h>
-#include <ddp/parallel/join.h>
+#include <ddp/fsdp/fully_shard.h>
+#include <ddp/algorithms/join.h>
 #include <ddp/parallel/powersgd.h>
-#include <ddp/parallel/sync_batchnorm.h>
+#include <ddp/nn/sync_batchnorm.h>
 #include <ddp/parallel/trace.h>
 
 #include <ddp/amp/autocast.h>

@@ -1,10 +1,9 @@
 // ZeroRedundancyOptimizer in checkpoints (Note [Sharded optimizers in checkpoints]).
 
-#include <ddp/serialize/checkpoint.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
 #include "distributed/common/check.h"
-#include "serialize/sharded_state.h"
+#include "formats/sharded_state.h"
 #include "optim/zero_state.h"
 
 #include <torch/nn/module.h>
@@ -47,13 +46,11 @@ class ZeroCheckpointState final : public ShardedOptimizerState {
 };
 
 }  // namespace
-}  // namespace detail
 
-Checkpoint& Checkpoint::optimizer(ZeroRedundancyOptimizer* optimizer) {
-  optimizer_ = optimizer;
-  sharded_optimizer_ =
-      optimizer == nullptr ? nullptr : std::make_shared<detail::ZeroCheckpointState>(*optimizer);
-  return *this;
+std::shared_ptr<ShardedOptimizerState> make_zero_checkpoint_state(ZeroRedundancyOptimizer& zero) {
+  return std::make_shared<ZeroCheckpointState>(zero);
 }
+
+}  // namespace detail
 
 }  // namespace ddp

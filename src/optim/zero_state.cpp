@@ -2,7 +2,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
-#include "serialize/optimizer_state.h"
+#include "formats/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

@@ -5,8 +5,10 @@
 
 #include <ddp/optim/zero_redundancy_optimizer.h>
 
-#include "serialize/pickle_io.h"
+#include "formats/pickle_io.h"
+#include "formats/sharded_state.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,6 +31,10 @@ std::optional<c10::impl::GenericDict> gather_zero_state(ZeroRedundancyOptimizer&
 /// and returns the load of this rank's shard and of the hyperparameters.
 Apply prepare_zero_load(ZeroRedundancyOptimizer& zero, const torch::nn::Module& model,
                         const c10::IValue& saved, const std::string& where);
+
+/// The ShardedOptimizerState through which a checkpoint saves and loads `zero` (Note
+/// [Sharded optimizers in checkpoints]). `zero` must outlive it.
+std::shared_ptr<ShardedOptimizerState> make_zero_checkpoint_state(ZeroRedundancyOptimizer& zero);
 
 }  // namespace detail
 }  // namespace ddp

@@ -1,6 +1,6 @@
 #include <ddp/parallel/distributed_data_parallel.h>
 
-#include <ddp/parallel/activation_checkpoint.h>
+#include <ddp/algorithms/activation_checkpoint.h>
 
 #include <ddp/errors.h>
 
@@ -8,11 +8,11 @@
 #include "distributed/comm.h"
 #include "parallel/bucket_assignment.h"
 #include "parallel/clock.h"
-#include "parallel/join_context.h"
+#include "algorithms/join_context.h"
 #include "parallel/model_check.h"
+#include "modules/param_owners.h"
 #include "parallel/module_sync.h"
 #include "parallel/reducer.h"
-#include "parallel/shard_unit.h"
 #include "parallel/trace_writer.h"
 
 #include <ATen/core/grad_mode.h>
@@ -147,7 +147,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   for (const auto& item : module->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    if (detail::ShardUnit* unit = detail::unit_of_param(p)) {
+    if (detail::ShardOwner* unit = detail::shard_owner_of(p)) {
       DDP_CHECK(false, "DistributedDataParallel ", where, ": parameter '", item.key(),
                 "' is sharded by ddp::fully_shard (the unit of ", unit->name(),
                 "). A parameter is either replicated by DDP or sharded by fully_shard, not "

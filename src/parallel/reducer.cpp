@@ -2,7 +2,7 @@
 #include "distributed/common/check.h"
 
 #include "distributed/comm.h"
-#include "parallel/graph_walk.h"
+#include "modules/graph_walk.h"
 #include "parallel/scaled_copy.h"
 
 #include <ATen/ATen.h>

@@ -6,19 +6,21 @@
 #include <ddp/parallel/powersgd.h>
 
 #include <ddp/amp/grad_scaler.h>
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
 
 #include "amp/scaler_state.h"
 #include "distributed/common/check.h"
 #include "data/reshard.h"
-#include "serialize/atomic_file.h"
+#include "formats/atomic_file.h"
 #include "serialize/checkpoint_io.h"
-#include "serialize/optimizer_state.h"
-#include "serialize/pickle_io.h"
-#include "serialize/rng_state.h"
+#include "formats/optimizer_state.h"
+#include "formats/pickle_io.h"
+#include "formats/rng_state.h"
 #include "serialize/state_dict.h"
-#include "serialize/sharded_model.h"
-#include "serialize/sharded_state.h"
+#include "fsdp/sharded_model.h"
+#include "optim/zero_state.h"
+#include "formats/sharded_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -389,6 +391,13 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   }
   for (const Apply& apply : steps) apply();
   checkpoint.epoch(epoch).step(step).extra(extra);
+}
+
+Checkpoint& Checkpoint::optimizer(ZeroRedundancyOptimizer* optimizer) {
+  optimizer_ = optimizer;
+  sharded_optimizer_ =
+      optimizer == nullptr ? nullptr : detail::make_zero_checkpoint_state(*optimizer);
+  return *this;
 }
 
 }  // namespace ddp

@@ -2,7 +2,7 @@
 
 #include <ddp/serialize/checkpoint.h>
 
-#include "serialize/atomic_file.h"
+#include "formats/atomic_file.h"
 #include "distributed/common/check.h"
 #include "serialize/checkpoint_io.h"
 

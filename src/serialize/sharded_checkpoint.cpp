@@ -14,12 +14,12 @@
 #include <ddp/serialize/checkpoint.h>
 
 #include "distributed/common/check.h"
-#include "parallel/shard_unit.h"
-#include "serialize/atomic_file.h"
+#include "fsdp/shard_unit.h"
+#include "formats/atomic_file.h"
 #include "serialize/checkpoint_io.h"
-#include "serialize/optimizer_state.h"
-#include "serialize/pickle_io.h"
-#include "serialize/rng_state.h"
+#include "formats/optimizer_state.h"
+#include "formats/pickle_io.h"
+#include "formats/rng_state.h"
 #include "serialize/state_dict.h"
 
 #include <ATen/ATen.h>

@@ -2,9 +2,9 @@
 
 #include <ddp/serialize/checkpoint.h>
 
-#include "serialize/atomic_file.h"
+#include "formats/atomic_file.h"
 #include "distributed/common/check.h"
-#include "serialize/pickle_io.h"
+#include "formats/pickle_io.h"
 #include "serialize/state_dict.h"
 
 #include <c10/util/Exception.h>

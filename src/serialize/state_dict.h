@@ -1,6 +1,6 @@
 #pragma once
 
-#include "serialize/pickle_io.h"
+#include "formats/pickle_io.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>

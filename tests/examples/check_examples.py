@@ -37,7 +37,7 @@
   check_examples.py backend-help FASHION_MNIST [HEADER]
       --help's --backend entry states what an empty backend becomes in the words of the
       "Empty: ..." sentence of InitOptions::backend's doc comment in HEADER (default:
-      include/ddp/distributed/process_group.h), and names each backend listed before it.
+      include/ddp/distributed/options.h), and names each backend listed before it.
       Needs no data and no torch in Python.
 """
 import gzip
@@ -52,7 +52,7 @@ import private_tmp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 PROCESS_GROUP_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
-                               "ddp", "distributed", "process_group.h")
+                               "ddp", "distributed", "options.h")
 
 PACKAGE_HINT = "apt-get install dataset-fashion-mnist"
 DATA_DIR = "/usr/share/datasets/fashion-mnist"

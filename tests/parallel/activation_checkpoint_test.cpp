@@ -9,7 +9,7 @@
 #include "parallel/activation_checkpoint_test_models.h"
 
 #include <ddp/amp/autocast.h>
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/container/sequential.h>

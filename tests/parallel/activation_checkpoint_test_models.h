@@ -7,7 +7,7 @@
 #include "parallel/ddp_test_util.h"
 #include "parallel/fsdp_test_models.h"
 
-#include <ddp/parallel/activation_checkpoint.h>
+#include <ddp/algorithms/activation_checkpoint.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

@@ -9,7 +9,7 @@
 #include "support/util.h"
 
 #include <ddp/parallel/comm_hooks.h>
-#include <ddp/parallel/join.h>
+#include <ddp/algorithms/join.h>
 
 #include <torch/nn/modules/linear.h>
 

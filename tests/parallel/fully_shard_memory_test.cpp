@@ -10,7 +10,7 @@
 #include "support/util.h"
 
 #include <ddp/distributed/memory.h>
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>

@@ -7,7 +7,7 @@
 #include "parallel/fsdp_test_models.h"
 #include "support/util.h"
 
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 
 #include <torch/optim/adam.h>
 

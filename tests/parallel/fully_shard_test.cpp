@@ -7,9 +7,9 @@
 
 #include "parallel/ddp_test_util.h"
 #include "parallel/fsdp_test_models.h"
-#include "parallel/shard_unit.h"
+#include "fsdp/shard_unit.h"
 
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 #include <ddp/serialize/checkpoint.h>
 
 #include <torch/nn/functional/activation.h>

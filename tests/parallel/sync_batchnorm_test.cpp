@@ -11,7 +11,7 @@
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"
 
-#include <ddp/parallel/sync_batchnorm.h>
+#include <ddp/nn/sync_batchnorm.h>
 
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/modules/container/moduledict.h>

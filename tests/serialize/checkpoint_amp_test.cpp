@@ -5,7 +5,7 @@
 #include "serialize/checkpoint_test_util.h"
 #include "support/harness.h"
 
-#include "serialize/pickle_io.h"
+#include "formats/pickle_io.h"
 
 #include <ddp/amp/grad_scaler.h>
 #include <ddp/serialize/checkpoint.h>

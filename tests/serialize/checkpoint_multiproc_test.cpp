@@ -9,7 +9,7 @@
 
 #include <ddp/serialize/checkpoint.h>
 #include <ddp/parallel/distributed_data_parallel.h>
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/data/distributed_sampler.h>
 

@@ -4,11 +4,11 @@
 // PyTorch loads.
 
 #include "parallel/fsdp_test_models.h"
-#include "serialize/pickle_io.h"
+#include "formats/pickle_io.h"
 #include "support/harness.h"
 #include "support/util.h"
 
-#include <ddp/parallel/fully_shard.h>
+#include <ddp/fsdp/fully_shard.h>
 #include <ddp/serialize/checkpoint.h>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -26,6 +26,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cases.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -150,46 +152,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The cases of one suite, each printed and counted.
-class Cases {
- public:
-  explicit Cases(int rank) : rank_(rank) {}
-  /// `body` returns its detail text; it throws, or returns a text starting with
-  /// "FAILED", to fail.
-  void run(const std::string& name, const std::function<std::string()>& body) {
-    std::string detail;
-    bool ok = true;
-    try {
-      detail = body();
-      ok = detail.rfind("FAILED", 0) != 0;
-    } catch (const c10::Error& e) {
-      ok = false;
-      detail = std::string("FAILED: ") + e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      ok = false;
-      detail = std::string("FAILED: ") + e.what();
-    }
-    failed_ += ok ? 0 : 1;
-    if (rank_ == 0 || !ok) {
-      const bool skipped = detail.rfind("skipped", 0) == 0;
-      std::printf("gpu_check: case %s: %s%s\n", name.c_str(), ok && !skipped ? "ok " : "",
-                  detail.c_str());
-      std::fflush(stdout);
-    }
-  }
-  int failed() const { return failed_; }
-
- private:
-  int rank_;
-  int failed_ = 0;
-};
-
-std::string verdict(double diff, double tolerance, const std::string& what) {
-  char text[200];
-  std::snprintf(text, sizeof(text), "%s%s differs by %.3g (tolerance %.3g)",
-                diff <= tolerance ? "" : "FAILED: ", what.c_str(), diff, tolerance);
-  return text;
-}
+using gpu_check::Cases;
+using gpu_check::verdict;
 
 // ---- One rank: every DDP feature through the backend --------------------------------
 

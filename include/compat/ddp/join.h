@@ -1,4 +1,4 @@
 #pragma once
-// 0.1's flat path, kept for existing programs; new code includes <ddp/parallel/join.h>
+// 0.1's flat path, kept for existing programs; new code includes <ddp/algorithms/join.h>
 // or simply <ddp/ddp.h>. See docs/architecture.md.
-#include <ddp/parallel/join.h>
+#include <ddp/algorithms/join.h>

@@ -1,4 +1,4 @@
 #pragma once
-// 0.1's flat path, kept for existing programs; new code includes <ddp/parallel/sync_batchnorm.h>
+// 0.1's flat path, kept for existing programs; new code includes <ddp/nn/sync_batchnorm.h>
 // or simply <ddp/ddp.h>. See docs/architecture.md.
-#include <ddp/parallel/sync_batchnorm.h>
+#include <ddp/nn/sync_batchnorm.h>

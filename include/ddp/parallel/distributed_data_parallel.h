@@ -21,8 +21,8 @@
 #include <ddp/parallel/comm_hooks.h>
 #include <ddp/parallel/distributed_data_parallel_options.h>
 #include <ddp/parallel/iteration_stats.h>
-#include <ddp/parallel/join.h>
-#include <ddp/parallel/output_tensors.h>
+#include <ddp/algorithms/join.h>
+#include <ddp/modules/output_tensors.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/parallel/trace.h>
 

@@ -1,0 +1,220 @@
+#include "formats/pickle_io.h"
+#include "distributed/common/check.h"
+
+#include "formats/pickle_compat.h"
+#include "formats/zip_archive.h"
+
+#include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <sstream>
+
+namespace ddp {
+namespace detail {
+namespace {
+
+// Note [Weights-only pickles]
+// Python's torch.load defaults to weights_only=True since PyTorch 2.6: its unpickler
+// accepts dicts, lists, tuples, primitives and tensors, and refuses any other global.
+// LibTorch's pickle_save tags typed containers with torch.jit._pickle.restore_type_tag
+// and writes List[int], List[float], List[bool] and List[Tensor] through
+// torch.jit._pickle.build_intlist and friends, all of which that unpickler refuses. So
+// every container is first rewritten as an untyped one (a plain Python list or dict),
+// and the Pickler is told not to tag aggregates. What remains are the globals that
+// torch.save itself writes: torch._utils._rebuild_tensor_v2, the storage classes and
+// collections.OrderedDict, all of which weights_only allows.
+c10::IValue plain(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    const c10::List<c10::IValue> in = value.toList();
+    out.reserve(in.size());
+    for (const c10::IValue& item : in) out.push_back(plain(item));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& entry : value.toGenericDict()) {
+      out.insert(plain(entry.key()), plain(entry.value()));
+    }
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(plain(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+}  // namespace
+
+std::vector<char> pickle(const c10::IValue& value) {
+  std::vector<char> data;
+  torch::jit::Pickler pickler([&](const char* bytes,
+                                  size_t size) { data.insert(data.end(), bytes, bytes + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(plain(value));
+  pickler.stop();
+
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
+    const char* p = static_cast<const char*>(bytes);
+    archive.insert(archive.end(), p, p + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", data.data(), data.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
+std::string pickle_string(const c10::IValue& value) {
+  const std::vector<char> bytes = pickle(value);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+c10::IValue unpickle(const std::string& bytes, const std::string& where) {
+  // Note [Integrity check]: a torn or corrupted file stops here.
+  const std::vector<ZipRecord> records = read_zip(bytes, where);
+  // Note [Python pickles]: rewrite what this LibTorch's unpickler cannot read.
+  std::vector<char> archive;
+  bool rewritten = false;
+  for (const ZipRecord& record : records) {
+    const std::string suffix = "data.pkl";
+    if (record.name.size() < suffix.size() ||
+        record.name.compare(record.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const auto pickle =
+        rewrite_python_pickle(std::string_view(bytes).substr(record.offset, record.size));
+    if (!pickle) break;
+    std::vector<std::pair<std::string, std::string_view>> parts;
+    for (const ZipRecord& r : records) {
+      parts.emplace_back(r.name, &r == &record ? std::string_view(*pickle)
+                                               : std::string_view(bytes).substr(r.offset, r.size));
+    }
+    const std::string zip = write_zip(parts);
+    archive.assign(zip.begin(), zip.end());
+    rewritten = true;
+    break;
+  }
+  if (!rewritten) archive.assign(bytes.begin(), bytes.end());
+
+  std::string reason;
+  try {
+    c10::IValue value = torch::jit::pickle_load(archive);
+    if (rewritten) drop_build_states(value);
+    return value;
+  } catch (const std::exception& e) {
+    reason = e.what();
+  }
+  const auto newline = reason.find('\n');
+  if (newline != std::string::npos) reason.resize(newline);
+  DDP_CHECK(false, where, ": the file could not be read (", bytes.size(),
+            " bytes; unpickling failed with: ", reason,
+            "). Expected a file written by ddp::save_checkpoint or torch.save; load an "
+            "older checkpoint instead.");
+  return {};
+}
+
+c10::impl::GenericDict new_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+c10::impl::GenericList new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+c10::impl::GenericDict as_dict(const c10::IValue& value, const std::string& what,
+                               const std::string& where) {
+  DDP_CHECK(value.isGenericDict(), where, ": expected ", what, " to be a dict, but it is ",
+            value.tagKind(), ". The file was not written by ddp::save_checkpoint.");
+  return value.toGenericDict();
+}
+
+c10::IValue get(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where) {
+  const auto it = dict.find(key);
+  DDP_CHECK(it != dict.end(), where, ": ", what, " has no key '", key,
+            "'. The file was written by something other than this version of "
+            "ddp::save_checkpoint, or for other settings.");
+  return it->value();
+}
+
+int64_t get_int(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+                const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isInt(), where, ": ", what, "['", key, "'] should be an int, but is ", v.tagKind());
+  return v.toInt();
+}
+
+std::vector<int64_t> get_int_list(const c10::impl::GenericDict& dict, const std::string& key,
+                                  const std::string& what, const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isList(), where, ": ", what, "['", key, "'] should be a list, but is ", v.tagKind());
+  std::vector<int64_t> out;
+  for (const c10::IValue& x : v.toList()) {
+    DDP_CHECK(x.isInt(), where, ": ", what, "['", key, "'] should hold ints, but holds ",
+              x.tagKind());
+    out.push_back(x.toInt());
+  }
+  return out;
+}
+
+double get_double(const c10::impl::GenericDict& dict, const std::string& key,
+                  const std::string& what, const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isDouble() || v.isInt(), where, ": ", what, "['", key,
+            "'] should be a float, but is ", v.tagKind());
+  return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+}
+
+bool get_bool(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what,
+              const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isBool(), where, ": ", what, "['", key, "'] should be a bool, but is ", v.tagKind());
+  return v.toBool();
+}
+
+at::Tensor get_tensor(const c10::impl::GenericDict& dict, const std::string& key,
+                      const std::string& what, const std::string& where) {
+  const c10::IValue v = get(dict, key, what, where);
+  DDP_CHECK(v.isTensor(), where, ": ", what, "['", key, "'] should be a tensor, but is ",
+            v.tagKind());
+  return v.toTensor();
+}
+
+c10::Dict<std::string, at::Tensor> tensor_dict(const c10::IValue& value, const std::string& what,
+                                               const std::string& where) {
+  const c10::impl::GenericDict generic = as_dict(value, what, where);
+  c10::Dict<std::string, at::Tensor> out;
+  for (const auto& entry : generic) {
+    DDP_CHECK(entry.key().isString(), where, ": ", what, " should have string keys, but one is ",
+              entry.key().tagKind());
+    const std::string key = entry.key().toStringRef();
+    DDP_CHECK(entry.value().isTensor(), where, ": ", what, "['", key,
+              "'] should be a tensor, but is ", entry.value().tagKind());
+    out.insert(key, entry.value().toTensor());
+  }
+  return out;
+}
+
+at::Tensor cpu_copy(const at::Tensor& tensor) {
+  at::Tensor t = tensor.detach().to(at::kCPU);
+  const bool compact =
+      t.is_contiguous() && t.storage_offset() == 0 && t.storage().nbytes() == t.nbytes();
+  return compact ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+std::string shape_string(const at::Tensor& tensor) {
+  std::ostringstream os;
+  os << tensor.sizes();
+  return os.str();
+}
+
+}  // namespace detail
+}  // namespace ddp

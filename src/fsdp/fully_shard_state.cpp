@@ -1,0 +1,192 @@
+// What reads or writes a sharded model as a whole: the global gradient norm, and the
+// full state dict gathered from the shards (or scattered into them).
+
+#include <ddp/fsdp/fully_shard.h>
+
+#include "distributed/common/check.h"
+#include "fsdp/shard_unit.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ddp {
+namespace {
+
+using detail::ShardedParam;
+using detail::ShardUnit;
+
+}  // namespace
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type) {
+  DDP_CHECK(norm_type > 0, "ddp::clip_grad_norm_: norm_type must be > 0 (or infinity), but got ",
+            norm_type, ".");
+  DDP_CHECK(std::isfinite(max_norm) && max_norm >= 0,
+            "ddp::clip_grad_norm_: max_norm must be a finite number >= 0, but got ", max_norm, ".");
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> grads;
+  std::unordered_set<const void*> seen;
+  std::shared_ptr<ProcessGroup> group;
+  at::Tensor sharded_part, local_part;
+  c10::optional<c10::Device> device;
+  for (const at::Tensor& p : parameters) {
+    if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    ShardUnit* unit = detail::unit_of_param(p);
+    if (unit) {
+      DDP_CHECK(!group || group.get() == unit->group_ptr().get(),
+                "ddp::clip_grad_norm_: the parameters are sharded over different process "
+                "groups; pass the parameters of one group at a time.");
+      group = unit->group_ptr();
+    }
+    const at::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!device) device = g.device();
+    grads.push_back(g);
+    at::Tensor part = inf ? g.detach().abs().max().to(at::kDouble)
+                          : g.detach().to(at::kDouble).abs().pow(norm_type).sum();
+    if (g.numel() == 0) part = at::zeros({}, part.options());
+    at::Tensor& acc = unit ? sharded_part : local_part;
+    acc = !acc.defined() ? part : (inf ? at::maximum(acc, part) : acc + part);
+  }
+  const at::TensorOptions opts =
+      at::TensorOptions()
+          .dtype(at::kDouble)
+          .device(device ? *device : (group ? group->device() : c10::Device(at::kCPU)));
+  if (!sharded_part.defined()) sharded_part = at::zeros({}, opts);
+  if (!local_part.defined()) local_part = at::zeros({}, opts);
+  if (group) {
+    at::Tensor s = sharded_part.to(opts.device()).reshape({1});
+    group->all_reduce(s, inf ? ReduceOp::MAX : ReduceOp::SUM);
+    sharded_part = s.reshape({});
+  }
+  at::Tensor total =
+      inf ? at::maximum(sharded_part.to(opts.device()), local_part.to(opts.device()))
+          : (sharded_part.to(opts.device()) + local_part.to(opts.device())).pow(1.0 / norm_type);
+  const double norm = total.item<double>();
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& g : grads) g.mul_(coef);
+  }
+  return total.to(at::kFloat);
+}
+
+c10::Dict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> items;
+  std::unordered_map<const void*, at::Tensor> gathered;  // tied weights: gathered once
+  int rank = is_initialized() ? get_rank() : 0;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor value = item.value();
+    if (const detail::ShardedRef ref = detail::sharded_ref(value)) {
+      rank = ref.unit->group().rank();
+      DDP_CHECK(!ref.unit->unsharded(), "ddp::full_state_dict: unit ", ref.unit->name(),
+                " holds its full parameters (between a forward and its backward, or after "
+                "unshard()); call it after the step, or reshard() first.");
+      at::Tensor& full = gathered[value.unsafeGetTensorImpl()];
+      if (!full.defined()) full = ref.unit->gather_rows(*ref.param, ref.param->shard);
+      value = full;
+    }
+    items.emplace_back(item.key(), value);
+  }
+  c10::Dict<std::string, at::Tensor> out;
+  if (rank != 0) return out;
+  for (auto& kv : items) out.insert(kv.first, kv.second.detach().to(at::kCPU));
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) out.insert(item.key(), item.value().detach().to(at::kCPU));
+  }
+  return out;
+}
+
+namespace {
+
+/// The first problem with loading `state` into `model`, or "".
+std::string check_state(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state) {
+  std::unordered_set<std::string> known;
+  auto check = [&](const std::string& key, at::IntArrayRef sizes) -> std::string {
+    known.insert(key);
+    const auto found = state.find(key);
+    if (found == state.end()) {
+      return "ddp::load_full_state_dict: key '" + key +
+             "' of the model is missing from the state dict. Save it with "
+             "ddp::full_state_dict from the same model.";
+    }
+    if (found->value().sizes() != sizes) {
+      return c10::str("ddp::load_full_state_dict: key '", key, "' has shape ",
+                      found->value().sizes(), " in the state dict but ", sizes, " in the model.");
+    }
+    return "";
+  };
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    std::vector<int64_t> sizes = t.sizes().vec();
+    if (const detail::ShardedRef ref = detail::sharded_ref(t)) sizes = ref.param->sizes;
+    std::string problem = check(item.key(), sizes);
+    if (!problem.empty()) return problem;
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    std::string problem = check(item.key(), item.value().sizes());
+    if (!problem.empty()) return problem;
+  }
+  for (const auto& kv : state) {
+    if (known.count(kv.key()) == 0) {
+      return "ddp::load_full_state_dict: key '" + kv.key() +
+             "' of the state dict names no parameter or buffer of the model.";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string, at::Tensor>& state,
+                          bool from_rank0) {
+  at::NoGradGuard no_grad;
+  std::shared_ptr<ProcessGroup> group;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (ShardUnit* unit = detail::unit_of_param(item.value())) {
+      group = unit->group_ptr();
+      DDP_CHECK(!unit->unsharded(), "ddp::load_full_state_dict: unit ", unit->name(),
+                " holds its full parameters; call it between steps, or reshard() first.");
+    }
+  }
+  if (!group && is_initialized()) group = default_group();
+  const int rank = group ? group->rank() : 0;
+  from_rank0 = from_rank0 && group && group->size() > 1;
+  // Every rank learns rank 0's verdict before any broadcast, so none waits for a rank
+  // that gave up.
+  std::string problem = (from_rank0 && rank != 0) ? "" : check_state(model, state);
+  if (from_rank0) problem = group->all_gather_bytes(problem)[0];
+  DDP_CHECK(problem.empty(), problem, " (rank ", rank, ")");
+
+  std::unordered_set<const void*> done;
+  auto load = [&](const std::string& key, const at::Tensor& target) {
+    if (!done.insert(target.unsafeGetTensorImpl()).second) return;
+    const detail::ShardedRef ref = detail::sharded_ref(target);
+    const ShardedParam* p = ref.param;
+    const at::TensorOptions opts = p ? p->shard.options() : target.options();
+    const std::vector<int64_t> sizes = p ? p->sizes : target.sizes().vec();
+    at::Tensor value;
+    if (from_rank0) {
+      value = rank == 0 ? state.at(key).to(opts).contiguous() : at::empty(sizes, opts);
+      group->broadcast(value, 0);
+    } else {
+      value = state.at(key);
+    }
+    if (p) {
+      p->shard.copy_(ref.unit->rows_of_this_rank(*p, value));
+    } else {
+      target.copy_(value);
+    }
+  };
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) load(item.key(), item.value());
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) load(item.key(), item.value());
+  }
+}
+
+}  // namespace ddp

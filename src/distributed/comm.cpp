@@ -39,9 +39,18 @@ class LocalComm final : public Comm {
   bool trivial() const override { return true; }
   // The same device checks as with peers, so that code that runs at world size 1
   // does not first fail at 2.
-  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp) override {
+  std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
     check_devices("all_reduce", tensors);
+    premultiply(tensors, op);
     return done_work(tensors);
+  }
+  // NCCL's PREMUL_SUM at world size 1: the factor times the one rank's values.
+  bool reduces_op(ReduceOp op) const override {
+    return op != ReduceOp::PREMUL_SUM || config_->backend == "nccl";
+  }
+  static void premultiply(std::vector<at::Tensor>& tensors, ReduceOp op) {
+    if (op != ReduceOp::PREMUL_SUM) return;
+    for (at::Tensor& t : tensors) t.mul_(op.factor());
   }
   std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int) override {
     check_devices("broadcast", tensors);
@@ -52,6 +61,46 @@ class LocalComm final : public Comm {
     check_devices("all_gather", inputs);
     for (size_t i = 0; i < inputs.size(); ++i) outputs[i][0].copy_(inputs[i]);
     return done_work(outputs.empty() ? inputs : outputs[0]);
+  }
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int,
+                                      ReduceOp op) override {
+    check_devices("reduce", tensors);
+    premultiply(tensors, op);
+    return done_work(tensors);
+  }
+  std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs, int) override {
+    check_devices("gather", inputs);
+    outputs[0][0].copy_(inputs[0]);
+    return done_work(outputs[0]);
+  }
+  std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       int) override {
+    check_devices("scatter", outputs);
+    outputs[0].copy_(inputs[0][0]);
+    return done_work(outputs);
+  }
+  std::shared_ptr<PendingWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              ReduceOp op) override {
+    check_devices("reduce_scatter", inputs[0]);
+    outputs[0].copy_(inputs[0][0]);
+    premultiply(outputs, op);
+    return done_work(outputs);
+  }
+  std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    check_devices("all_to_all", inputs);
+    outputs[0].copy_(inputs[0]);
+    return done_work(outputs);
+  }
+  std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>&,
+                                                 std::vector<int64_t>&) override {
+    check_devices("all_to_all_single", {input, output});
+    output.copy_(input);
+    return done_work({output});
   }
   void barrier() override {}
   // Keys of ddp's own checks (monitored_barrier, fingerprints), which then run as with

@@ -119,7 +119,7 @@ class Comm {
   /// can read, and all on the same one.
   void check_devices(const char* what, const std::vector<at::Tensor>& tensors) const;
 
-  /// op is SUM, MAX or MIN (AVG is done above this layer).
+  /// Any op but AVG (done above this layer), on dtypes the caller checked it takes.
   virtual std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors,
                                                   ReduceOp op) = 0;
   virtual std::shared_ptr<PendingWork> broadcast(std::vector<at::Tensor>& tensors, int src) = 0;
@@ -144,6 +144,52 @@ class Comm {
   virtual std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                               at::Tensor& input);
   virtual void barrier() = 0;
+
+  // The rest of torch.distributed's collectives (docs/process_groups.md). The caller
+  // (ProcessGroup) has checked ranks, list lengths, shapes and dtypes on this rank;
+  // every tensor is contiguous unless said otherwise. AVG never reaches these.
+  // A backend without its own takes the fallbacks of Note [Collective fallbacks].
+
+  /// Rank `dst`'s tensors[0] receives the reduction; the others' are left unchanged.
+  virtual std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int dst,
+                                              ReduceOp op);
+  /// On `dst`, outputs[0][r] receives rank r's inputs[0]; elsewhere outputs is empty.
+  virtual std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                              std::vector<at::Tensor>& inputs, int dst);
+  /// outputs[0] receives inputs[0][this rank] of rank `src`; inputs is empty elsewhere.
+  virtual std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                               std::vector<std::vector<at::Tensor>>& inputs,
+                                               int src);
+  /// outputs[0] receives the reduction of inputs[0][this rank] over all ranks.
+  virtual std::shared_ptr<PendingWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                                      ReduceOp op);
+  /// outputs[r] receives rank r's inputs[this rank]; one dtype, any shapes.
+  virtual std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                                  std::vector<at::Tensor>& inputs);
+  /// Split sizes in rows of dim 0, world_size each (the caller fills in even splits).
+  virtual std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                         std::vector<int64_t>& output_splits,
+                                                         std::vector<int64_t>& input_splits);
+  /// Point to point: tensors[0] to rank `dst` (!= this rank).
+  virtual std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag);
+  /// Into tensors[0] from rank `src`, or from any rank when src is kAnySource; the work's
+  /// source_rank() names the sender.
+  virtual std::shared_ptr<PendingWork> recv(std::vector<at::Tensor>& tensors, int src, int tag);
+  static constexpr int kAnySource = -1;
+  /// One send or receive of batch_p2p.
+  struct P2P {
+    bool send = true;
+    at::Tensor tensor;  // contiguous
+    int peer = 0;
+    int tag = 0;
+  };
+  /// batch_isend_irecv: every op launched before any is waited for, so that the two
+  /// sides' orders never deadlock (Gloo's sends and receives do not block the launch;
+  /// NCCL's are grouped). One work per op, in order.
+  virtual std::vector<std::shared_ptr<PendingWork>> batch_p2p(std::vector<P2P>& ops);
+  /// Whether all_reduce and the other reductions take `op` (PREMUL_SUM: NCCL only).
+  virtual bool reduces_op(ReduceOp op) const { return op != ReduceOp::PREMUL_SUM; }
 
   /// Note [Direct all-reduce] (shm_transport.h): whether all_reduce_in_place takes
   /// `num_tensors` CPU tensors of `dtype`, reducing them straight between the ranks'
@@ -192,6 +238,14 @@ class Comm {
   std::shared_ptr<PendingWork> reduce_scatter_by_all_reduce(at::Tensor& output, at::Tensor& input,
                                                             ReduceOp op, bool in_place = false);
   std::shared_ptr<PendingWork> all_gather_by_views(at::Tensor& output, at::Tensor& input);
+  /// Note [Collective fallbacks] (collective_fallbacks.cpp): the new collectives in terms
+  /// of all_reduce, all_gather, broadcast and all_to_all_single, for a backend that lacks
+  /// one (Gloo in LibTorch 1.13: reduce_scatter, all_to_all).
+  std::shared_ptr<PendingWork> reduce_scatter_by_flat(std::vector<at::Tensor>& outputs,
+                                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                                      ReduceOp op);
+  std::shared_ptr<PendingWork> all_to_all_by_single(std::vector<at::Tensor>& outputs,
+                                                    std::vector<at::Tensor>& inputs);
   /// Throws naming `what` unless `whole` is world_size contiguous chunks of `part`'s
   /// numel and dtype, on a device this group reads.
   void check_flat(const char* what, const at::Tensor& whole, const at::Tensor& part) const;

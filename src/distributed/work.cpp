@@ -9,6 +9,13 @@
 
 namespace ddp {
 namespace detail {
+
+int PendingWork::source_rank() {
+  TORCH_CHECK(false,
+              "source_rank() is only for the work of a recv or irecv (the rank the tensor "
+              "came from); this work is a collective or a send.");
+}
+
 namespace {
 
 class DoneWork final : public PendingWork {
@@ -62,6 +69,7 @@ class C10dWork final : public PendingWork {
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> future() override { return work_->getFuture(); }
+  int source_rank() override { return work_->sourceRank(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -83,6 +91,7 @@ class FlatWork final : public PendingWork {
       return DoneWork({output_}).future();
     }
   }
+  int source_rank() override { return inner_->source_rank(); }
 
  private:
   std::shared_ptr<PendingWork> inner_;
@@ -120,6 +129,8 @@ class ThenWork final : public PendingWork {
         },
         c10::ListType::create(c10::TensorType::get()));
   }
+
+  int source_rank() override { return inner_->source_rank(); }
 
  private:
   struct Once {

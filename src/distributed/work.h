@@ -31,6 +31,8 @@ class PendingWork {
   /// Completes with the collective's output tensors (as c10d's work futures do), or
   /// with its error.
   virtual c10::intrusive_ptr<c10::ivalue::Future> future() = 0;
+  /// A receive's sender, after wait() (Work::source_rank). Throws for other works.
+  virtual int source_rank();
 };
 
 /// A fresh, not yet completed future of a tensor list, as c10d's work futures are.

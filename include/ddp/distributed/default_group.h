@@ -9,19 +9,18 @@
 //   ddp::all_reduce(t, ddp::ReduceOp::AVG);
 //   ddp::destroy_process_group();
 
-#include <ddp/distributed/options.h>
+#include <ddp/distributed/process_group.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace ddp {
-
-class ProcessGroup;
 
 /// Whether this build has the "nccl" backend (LibTorch with CUDA and NCCL).
 bool is_nccl_available();
@@ -55,6 +54,69 @@ std::vector<std::string> all_gather_bytes(const std::string& bytes);
 void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
                            ReduceOp op = ReduceOp::SUM);
 void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
+
+// The collectives above on `group`, or on the default group when it is null (Python's
+// group=None). Each is the ProcessGroup method of the same name.
+void reduce(at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,
+            const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work reduce_async(at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,
+                  const std::shared_ptr<ProcessGroup>& group = nullptr);
+void gather(const at::Tensor& tensor, std::vector<at::Tensor>& gather_list, int dst = 0,
+            const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work gather_async(const at::Tensor& tensor, std::vector<at::Tensor>& gather_list, int dst = 0,
+                  const std::shared_ptr<ProcessGroup>& group = nullptr);
+void scatter(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src = 0,
+             const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work scatter_async(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src = 0,
+                   const std::shared_ptr<ProcessGroup>& group = nullptr);
+void reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& input_list,
+                    ReduceOp op = ReduceOp::SUM,
+                    const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work reduce_scatter_async(at::Tensor& output, const std::vector<at::Tensor>& input_list,
+                          ReduceOp op = ReduceOp::SUM,
+                          const std::shared_ptr<ProcessGroup>& group = nullptr);
+void all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
+                const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work all_gather_async(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
+                      const std::shared_ptr<ProcessGroup>& group = nullptr);
+void all_to_all(std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
+                const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work all_to_all_async(std::vector<at::Tensor>& output_list,
+                      const std::vector<at::Tensor>& input_list,
+                      const std::shared_ptr<ProcessGroup>& group = nullptr);
+void all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                       const std::vector<int64_t>& output_split_sizes = {},
+                       const std::vector<int64_t>& input_split_sizes = {},
+                       const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work all_to_all_single_async(at::Tensor& output, const at::Tensor& input,
+                             const std::vector<int64_t>& output_split_sizes = {},
+                             const std::vector<int64_t>& input_split_sizes = {},
+                             const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+void send(const at::Tensor& tensor, int dst, int tag = 0,
+          const std::shared_ptr<ProcessGroup>& group = nullptr);
+int recv(at::Tensor& tensor, std::optional<int> src = std::nullopt, int tag = 0,
+         const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work isend(const at::Tensor& tensor, int dst, int tag = 0,
+           const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work irecv(at::Tensor& tensor, std::optional<int> src = std::nullopt, int tag = 0,
+           const std::shared_ptr<ProcessGroup>& group = nullptr);
+std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list,
+                                    const std::shared_ptr<ProcessGroup>& group = nullptr);
+
+void broadcast_object_list(std::vector<c10::IValue>& object_list, int src = 0,
+                           const std::shared_ptr<ProcessGroup>& group = nullptr);
+void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue& obj,
+                       const std::shared_ptr<ProcessGroup>& group = nullptr);
+void gather_object(const c10::IValue& obj, std::vector<c10::IValue>& object_gather_list,
+                   int dst = 0, const std::shared_ptr<ProcessGroup>& group = nullptr);
+void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
+                         const std::vector<c10::IValue>& scatter_object_input_list, int src = 0,
+                         const std::shared_ptr<ProcessGroup>& group = nullptr);
+void send_object_list(const std::vector<c10::IValue>& object_list, int dst,
+                      const std::shared_ptr<ProcessGroup>& group = nullptr);
+int recv_object_list(std::vector<c10::IValue>& object_list, std::optional<int> src = std::nullopt,
+                     const std::shared_ptr<ProcessGroup>& group = nullptr);
 
 /// Initialises the default group on construction and destroys it at scope exit, also
 /// when an exception unwinds, so no peer is left waiting for a rank that is gone.

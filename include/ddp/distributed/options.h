@@ -6,11 +6,46 @@
 #include <torch/arg.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace ddp {
 
-enum class ReduceOp { SUM, AVG, MAX, MIN };
+/// torch.distributed.ReduceOp: how a reduction combines the ranks' values.
+///   SUM, PRODUCT, MIN, MAX   every dtype
+///   AVG                      floating dtypes; the sum divided by the world size
+///   BAND, BOR, BXOR          bitwise and, or, xor: integral and bool dtypes only
+///   PREMUL_SUM               each rank's values times factor(), then summed; made with
+///                            ReduceOp::premul_sum(factor); only where the backend has
+///                            it ("nccl"), refused elsewhere
+/// A ReduceOp converts to its Kind, so `op == ReduceOp::SUM` and `switch (op)` work as
+/// with a plain enum.
+class ReduceOp {
+ public:
+  enum Kind : uint8_t { SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, BXOR, PREMUL_SUM };
+  // Implicit, so that ReduceOp::MAX is a ReduceOp.
+  ReduceOp(Kind kind = SUM) : kind_(kind) {}  // NOLINT(google-explicit-constructor)
+  /// torch.distributed._make_nccl_premul_sum(factor).
+  static ReduceOp premul_sum(double factor) {
+    ReduceOp op(PREMUL_SUM);
+    op.factor_ = factor;
+    op.has_factor_ = true;
+    return op;
+  }
+  Kind kind() const { return kind_; }
+  operator Kind() const { return kind_; }  // NOLINT(google-explicit-constructor)
+  /// PREMUL_SUM's factor (set by premul_sum; a bare PREMUL_SUM has none).
+  double factor() const { return factor_; }
+  bool has_factor() const { return has_factor_; }
+
+ private:
+  Kind kind_;
+  double factor_ = 1.0;
+  bool has_factor_ = false;
+};
+
+/// "SUM", "BXOR", ..., for messages.
+const char* reduce_op_name(ReduceOp op);
 
 /// PyTorch's default collective timeout.
 constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);

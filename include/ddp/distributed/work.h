@@ -17,6 +17,10 @@ class Work {
   void wait();
   /// A future that completes with the collective's output tensors.
   c10::intrusive_ptr<c10::ivalue::Future> future();
+  /// For irecv: the rank the tensor came from (the one asked for, or, from any source,
+  /// the sender), once wait() returned; PyTorch's work._source_rank(). Throws for any
+  /// other work.
+  int source_rank();
 
  private:
   friend class ProcessGroup;

@@ -69,10 +69,26 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
       return c10d::ReduceOp::MAX;
     case ReduceOp::MIN:
       return c10d::ReduceOp::MIN;
+    case ReduceOp::PRODUCT:
+      return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::BAND:
+      return c10d::ReduceOp::BAND;
+    case ReduceOp::BOR:
+      return c10d::ReduceOp::BOR;
+    case ReduceOp::BXOR:
+      return c10d::ReduceOp::BXOR;
+    case ReduceOp::PREMUL_SUM:
+#ifdef DDP_WITH_NCCL
+      // Only NCCL takes it (C10dComm::reduces_op); the factor travels with the op.
+      return c10d::makeNCCLPreMulSum(op.factor());
+#else
+      break;
+#endif
     case ReduceOp::AVG:
       break;
   }
-  TORCH_INTERNAL_ASSERT(false, "AVG must be lowered to SUM before reaching c10d");
+  TORCH_INTERNAL_ASSERT(false, "ReduceOp ", reduce_op_name(op),
+                        " must be lowered or refused before reaching c10d");
 }
 
 void store_set_on(c10d::Store& store, const std::string& key, const std::string& value) {
@@ -136,6 +152,34 @@ bool finish_backend(c10d::ProcessGroupNCCL& pg,
     pg.abort();
   }
   return true;
+}
+#endif
+
+// batch_isend_irecv. Gloo's sends and receives return at once, so launching them one by
+// one never deadlocks, whatever the two sides' orders.
+template <typename PG, typename Launch>
+std::vector<c10::intrusive_ptr<c10d::Work>> launch_batch(PG&, size_t n, Launch&& launch) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < n; ++i) works.push_back(launch(i));
+  return works;
+}
+
+#ifdef DDP_WITH_NCCL
+// NCCL's would: a send blocks its stream until the peer's receive runs. As
+// torch.distributed.batch_isend_irecv does, the ops are one group (coalesced), and every
+// op's work is the group's.
+template <typename Launch>
+std::vector<c10::intrusive_ptr<c10d::Work>> launch_batch(c10d::ProcessGroupNCCL& pg, size_t n,
+                                                         Launch&& launch) {
+  pg.startCoalescing();
+  try {
+    for (size_t i = 0; i < n; ++i) launch(i);
+  } catch (...) {
+    pg.endCoalescing();
+    throw;
+  }
+  c10::intrusive_ptr<c10d::Work> group = pg.endCoalescing();
+  return std::vector<c10::intrusive_ptr<c10d::Work>>(n, group);
 }
 #endif
 
@@ -212,6 +256,132 @@ class C10dComm final : public Comm {
       }
     }
     return all_gather_by_views(output, input);
+  }
+
+  // ---- The rest of torch.distributed's collectives ----------------------------------
+  // Empty tensors never reach the backend (Gloo in 1.13 divides by the element count in
+  // some collectives); the caller has checked that every rank's are alike.
+
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int dst,
+                                      ReduceOp op) override {
+    check_devices("reduce", tensors);
+    if (tensors[0].numel() == 0) return done_work(tensors);
+    c10d::ReduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.rootRank = dst;
+    opts.timeout = config_->timeout;
+    // Gloo reduces in every rank's buffer; the other ranks' tensors are kept as they were
+    // (docs/process_groups.md), so they lend it a copy. NCCL writes only the root's.
+    if (config_->rank != dst && config_->backend != "nccl") {
+      std::vector<at::Tensor> scratch{tensors[0].clone()};
+      return then_work(run("reduce", [&] { return pg()->reduce(scratch, opts); }), nullptr,
+                       tensors);
+    }
+    return run("reduce", [&] { return pg()->reduce(tensors, opts); });
+  }
+
+  std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs, int dst) override {
+    check_devices("gather", inputs);
+    for (const auto& out : outputs) check_devices("gather (outputs)", out);
+    if (inputs[0].numel() == 0) return done_work(outputs.empty() ? inputs : outputs[0]);
+    c10d::GatherOptions opts;
+    opts.rootRank = dst;
+    opts.timeout = config_->timeout;
+    return run("gather", [&] { return pg()->gather(outputs, inputs, opts); });
+  }
+
+  std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       int src) override {
+    check_devices("scatter", outputs);
+    for (const auto& in : inputs) check_devices("scatter (inputs)", in);
+    if (outputs[0].numel() == 0) return done_work(outputs);
+    c10d::ScatterOptions opts;
+    opts.rootRank = src;
+    opts.timeout = config_->timeout;
+    return run("scatter", [&] { return pg()->scatter(outputs, inputs, opts); });
+  }
+
+  // Gloo: Note [Collective fallbacks] (none in 1.13; 2.x's keeps its buffers).
+  std::shared_ptr<PendingWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              ReduceOp op) override {
+    if (config_->backend != "nccl" || outputs[0].numel() == 0) {
+      return reduce_scatter_by_flat(outputs, inputs, op);
+    }
+    check_devices("reduce_scatter", inputs[0]);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = config_->timeout;
+    return run("reduce_scatter", [&] { return pg()->reduce_scatter(outputs, inputs, opts); });
+  }
+
+  // Gloo in 1.13 has no list all_to_all: refused at launch, before any byte is sent, as
+  // the flat collectives are (Note [Native flat collectives]).
+  std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    check_devices("all_to_all", inputs);
+    check_devices("all_to_all (outputs)", outputs);
+    if (native_all_to_all_) {
+      c10d::AllToAllOptions opts;
+      opts.timeout = config_->timeout;
+      if (auto work = run_native("all_to_all", native_all_to_all_,
+                                 [&] { return pg()->alltoall(outputs, inputs, opts); })) {
+        return work;
+      }
+    }
+    return all_to_all_by_single(outputs, inputs);
+  }
+
+  std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_splits,
+                                                 std::vector<int64_t>& input_splits) override {
+    check_devices("all_to_all_single", {input, output});
+    if (input.numel() == 0 && output.numel() == 0) return done_work({output});
+    c10d::AllToAllOptions opts;
+    opts.timeout = config_->timeout;
+    return run("all_to_all_single", [&] {
+      return pg()->alltoall_base(output, input, output_splits, input_splits, opts);
+    });
+  }
+
+  std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    check_devices("send", tensors);
+    return run("send", [&] { return pg()->send(tensors, dst, tag); });
+  }
+
+  std::shared_ptr<PendingWork> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    check_devices("recv", tensors);
+    if (src == kAnySource) {
+      return run("recv (from any source)", [&] { return pg()->recvAnysource(tensors, tag); });
+    }
+    return run("recv", [&] { return pg()->recv(tensors, src, tag); });
+  }
+
+  std::vector<std::shared_ptr<PendingWork>> batch_p2p(std::vector<P2P>& ops) override {
+    for (const P2P& op : ops) check_devices("batch_isend_irecv", {op.tensor});
+    std::vector<std::vector<at::Tensor>> lists;
+    for (const P2P& op : ops) lists.push_back({op.tensor});
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    try {
+      works = launch_batch(*pg(), ops.size(), [&](size_t i) {
+        return ops[i].send ? pg()->send(lists[i], ops[i].peer, ops[i].tag)
+                           : pg()->recv(lists[i], ops[i].peer, ops[i].tag);
+      });
+    } catch (const std::exception& e) {
+      rethrow_comm_error(e, *config_, "batch_isend_irecv");
+    }
+    std::vector<std::shared_ptr<PendingWork>> out;
+    for (size_t i = 0; i < works.size(); ++i) {
+      track(works[i]);
+      out.push_back(c10d_work(works[i], config_, ops[i].send ? "isend" : "irecv"));
+    }
+    return out;
+  }
+
+  bool reduces_op(ReduceOp op) const override {
+    return op != ReduceOp::PREMUL_SUM || config_->backend == "nccl";
   }
 
   void barrier() override {
@@ -331,6 +501,7 @@ class C10dComm final : public Comm {
   // reduce-scatter on the wire, nothing kept.
   std::atomic<bool> native_reduce_scatter_{config_->backend != "gloo"};
   std::atomic<bool> native_all_gather_{true};
+  std::atomic<bool> native_all_to_all_{true};
 };
 
 // c10's own log threshold, raised to FATAL for a scope. LibTorch builds with glog

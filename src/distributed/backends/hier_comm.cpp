@@ -38,7 +38,9 @@ class HierComm final : public Comm {
 
   std::shared_ptr<PendingWork> all_reduce(std::vector<at::Tensor>& tensors, ReduceOp op) override {
     check_devices("all_reduce", tensors);
-    if (!shm_carries(tensors)) return global().all_reduce(tensors, op);
+    // Shared memory folds SUM, MAX and MIN; PRODUCT and the bitwise ops go to Gloo.
+    const bool folds = op == ReduceOp::SUM || op == ReduceOp::MAX || op == ReduceOp::MIN;
+    if (!folds || !shm_carries(tensors)) return global().all_reduce(tensors, op);
     DDP_CHECK(queue_, "process group of ", where(), " was already shut down");
     at::Tensor t = tensors[0];
     auto future = tensor_list_future();
@@ -100,6 +102,44 @@ class HierComm final : public Comm {
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override {
     return global().all_gather_into_tensor(output, input);
+  }
+  // The rest of torch.distributed's collectives and point to point: the Gloo group of
+  // all ranks.
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int dst,
+                                      ReduceOp op) override {
+    return global().reduce(tensors, dst, op);
+  }
+  std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs, int dst) override {
+    return global().gather(outputs, inputs, dst);
+  }
+  std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       int src) override {
+    return global().scatter(outputs, inputs, src);
+  }
+  std::shared_ptr<PendingWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              ReduceOp op) override {
+    return global().reduce_scatter(outputs, inputs, op);
+  }
+  std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    return global().all_to_all(outputs, inputs);
+  }
+  std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_splits,
+                                                 std::vector<int64_t>& input_splits) override {
+    return global().all_to_all_single(output, input, output_splits, input_splits);
+  }
+  std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return global().send(tensors, dst, tag);
+  }
+  std::shared_ptr<PendingWork> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return global().recv(tensors, src, tag);
+  }
+  std::vector<std::shared_ptr<PendingWork>> batch_p2p(std::vector<P2P>& ops) override {
+    return global().batch_p2p(ops);
   }
   void barrier() override { global().barrier(); }
 

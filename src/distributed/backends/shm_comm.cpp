@@ -40,14 +40,18 @@ std::optional<shm::DType> shm_dtype(c10::ScalarType t) {
   }
 }
 
-shm::Op shm_op(ReduceOp op) {
+// The reductions the transport folds; the others (PRODUCT, the bitwise ones) go to the
+// Gloo group. AVG is lowered to SUM above this layer.
+std::optional<shm::Op> shm_op(ReduceOp op) {
   switch (op) {
+    case ReduceOp::SUM:
+      return shm::Op::kSum;
     case ReduceOp::MAX:
       return shm::Op::kMax;
     case ReduceOp::MIN:
       return shm::Op::kMin;
     default:
-      return shm::Op::kSum;  // AVG is lowered to SUM above this layer
+      return std::nullopt;
   }
 }
 
@@ -172,17 +176,18 @@ class ShmComm final : public Comm {
     const auto dtype = tensors.size() == 1 && tensors[0].defined() && tensors[0].is_cpu()
                            ? shm_dtype(tensors[0].scalar_type())
                            : std::nullopt;
-    if (!dtype) return fallback().all_reduce(tensors, op);
+    const auto sop = shm_op(op);
+    if (!dtype || !sop) return fallback().all_reduce(tensors, op);
     at::Tensor t = tensors[0];
     size_t offset = 0;
     if (auto pool = pool_of(t, &offset)) {
-      return launch("all_reduce", {t}, [t, dtype, op, pool, offset](shm::Transport& tr) {
-        tr.all_reduce_in_pool(*pool, offset, static_cast<size_t>(t.numel()), *dtype, shm_op(op));
+      return launch("all_reduce", {t}, [t, dtype, sop, pool, offset](shm::Transport& tr) {
+        tr.all_reduce_in_pool(*pool, offset, static_cast<size_t>(t.numel()), *dtype, *sop);
       });
     }
-    return launch("all_reduce", {t}, [t, dtype, op](shm::Transport& tr) {
+    return launch("all_reduce", {t}, [t, dtype, sop](shm::Transport& tr) {
       at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-      tr.all_reduce(c.data_ptr(), static_cast<size_t>(c.numel()), *dtype, shm_op(op));
+      tr.all_reduce(c.data_ptr(), static_cast<size_t>(c.numel()), *dtype, *sop);
       if (!c.is_same(t)) t.copy_(c);
     });
   }
@@ -239,14 +244,15 @@ class ShmComm final : public Comm {
                                                      ReduceOp op) override {
     check_flat("reduce_scatter_tensor", input, output);
     const auto dtype = shm_dtype(input.scalar_type());
-    if (!direct_ || !dtype || !input.is_cpu())
+    const auto sop = shm_op(op);
+    if (!direct_ || !dtype || !sop || !input.is_cpu())
       return Comm::reduce_scatter_tensor(output, input, op);
     if (output.numel() == 0) return done_work({output});
     std::vector<at::Tensor> held{input, output};
-    return launch("reduce_scatter_tensor", {output}, [held, dtype, op](shm::Transport& tr) {
+    return launch("reduce_scatter_tensor", {output}, [held, dtype, sop](shm::Transport& tr) {
       try {
         tr.reduce_scatter_direct(held[0].data_ptr(), held[1].data_ptr(),
-                                 static_cast<size_t>(held[1].numel()), *dtype, shm_op(op));
+                                 static_cast<size_t>(held[1].numel()), *dtype, *sop);
       } catch (...) {
         keep_for_good(held);  // a stuck peer may still read the input
         throw;
@@ -256,7 +262,7 @@ class ShmComm final : public Comm {
 
   std::shared_ptr<PendingWork> reduce_scatter_tensor_scratch(at::Tensor& output, at::Tensor& input,
                                                              ReduceOp op) override {
-    if (direct_) return reduce_scatter_tensor(output, input, op);
+    if (direct_ && shm_op(op)) return reduce_scatter_tensor(output, input, op);
     check_flat("reduce_scatter_tensor", input, output);
     return reduce_scatter_by_all_reduce(output, input, op, /*in_place=*/true);
   }
@@ -275,6 +281,48 @@ class ShmComm final : public Comm {
         throw;
       }
     });
+  }
+
+  // ---- The rest of torch.distributed's collectives (docs/process_groups.md) ----------
+  // Through shared memory: reduce (an all-reduce, into a scratch copy on the ranks other
+  // than dst), gather (an all-gather, into scratch tensors there), scatter (a broadcast of
+  // the concatenated list), and reduce_scatter (Comm's, over reduce_scatter_tensor);
+  // all_gather's list form is all_gather above. The rest, and whatever the transport
+  // does not carry, go to the Gloo group: all_to_all, all_to_all_single, point to point.
+
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int dst,
+                                      ReduceOp op) override {
+    if (!carries(tensors[0]) || !shm_op(op)) return fallback().reduce(tensors, dst, op);
+    return Comm::reduce(tensors, dst, op);  // all_reduce, over the transport
+  }
+  std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs, int dst) override {
+    if (!inputs[0].is_cpu()) return fallback().gather(outputs, inputs, dst);
+    return Comm::gather(outputs, inputs, dst);  // all_gather, over the transport
+  }
+  std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       int src) override {
+    if (!outputs[0].is_cpu()) return fallback().scatter(outputs, inputs, src);
+    return Comm::scatter(outputs, inputs, src);  // a broadcast, over the transport
+  }
+  std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs) override {
+    return fallback().all_to_all(outputs, inputs);
+  }
+  std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_splits,
+                                                 std::vector<int64_t>& input_splits) override {
+    return fallback().all_to_all_single(output, input, output_splits, input_splits);
+  }
+  std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return fallback().send(tensors, dst, tag);
+  }
+  std::shared_ptr<PendingWork> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return fallback().recv(tensors, src, tag);
+  }
+  std::vector<std::shared_ptr<PendingWork>> batch_p2p(std::vector<P2P>& ops) override {
+    return fallback().batch_p2p(ops);
   }
 
   void barrier() override {
@@ -408,6 +456,11 @@ class ShmComm final : public Comm {
   }
 
  private:
+  // Whether the transport reduces `t` (a CPU tensor of a dtype it folds).
+  static bool carries(const at::Tensor& t) {
+    return t.defined() && t.is_cpu() && shm_dtype(t.scalar_type()).has_value();
+  }
+
   Comm& fallback() {
     // A hierarchy's host group has none: it only ever gets all-reduces and broadcasts
     // that shared memory carries (Note [Hierarchical all-reduce]).

@@ -14,7 +14,8 @@
 //                   and 2.x's keeps its buffers (Note [Gloo's reduce-scatter keeps its
 //                   output]), so Gloo always takes this path
 //   all_to_all      all_to_all_single over the concatenated, flattened tensors, split by
-//                   their element counts: Gloo in LibTorch 1.13 has no list all_to_all
+//                   their element counts: Gloo in LibTorch 1.13 has no list all_to_all,
+//                   and 2.x's wants every tensor of one size
 // all_to_all_single and point to point have no fallback: every backend that can be made
 // has them (Gloo, NCCL; shm, hier and standin through their Gloo groups), and LocalComm
 // never needs them (a rank cannot send to itself).
@@ -56,13 +57,11 @@ std::shared_ptr<PendingWork> Comm::gather(std::vector<std::vector<at::Tensor>>& 
   } else {
     for (int r = 0; r < config_->world_size; ++r) into[0].push_back(at::empty_like(inputs[0]));
   }
-  return then_work(all_gather(into, inputs), nullptr,
-                   config_->rank == dst ? outputs[0] : inputs);
+  return then_work(all_gather(into, inputs), nullptr, config_->rank == dst ? outputs[0] : inputs);
 }
 
 std::shared_ptr<PendingWork> Comm::scatter(std::vector<at::Tensor>& outputs,
-                                           std::vector<std::vector<at::Tensor>>& inputs,
-                                           int src) {
+                                           std::vector<std::vector<at::Tensor>>& inputs, int src) {
   check_devices("scatter", outputs);
   const at::Tensor& out = outputs[0];
   const int64_t n = out.numel();
@@ -107,7 +106,10 @@ std::shared_ptr<PendingWork> Comm::all_to_all_by_single(std::vector<at::Tensor>&
   at::Tensor in_flat = flat_cat(inputs);
   at::Tensor out_flat = at::empty({out_total}, outputs[0].options());
   std::vector<at::Tensor> targets = outputs;
-  auto work = all_to_all_single(out_flat, in_flat, out_splits, in_splits);
+  // c10d may move from the split vectors it is given: it gets copies.
+  std::vector<int64_t> out_counts = out_splits;
+  std::vector<int64_t> in_counts = in_splits;
+  auto work = all_to_all_single(out_flat, in_flat, out_counts, in_counts);
   return then_work(
       std::move(work),
       [out_flat, targets, out_splits]() mutable {
@@ -121,8 +123,7 @@ std::shared_ptr<PendingWork> Comm::all_to_all_by_single(std::vector<at::Tensor>&
 }
 
 std::shared_ptr<PendingWork> Comm::all_to_all_single(at::Tensor&, at::Tensor&,
-                                                     std::vector<int64_t>&,
-                                                     std::vector<int64_t>&) {
+                                                     std::vector<int64_t>&, std::vector<int64_t>&) {
   throw_error(c10::str("all_to_all_single on ", where(*config_), ": this backend has none."));
 }
 

@@ -62,8 +62,7 @@ class LocalComm final : public Comm {
     for (size_t i = 0; i < inputs.size(); ++i) outputs[i][0].copy_(inputs[i]);
     return done_work(outputs.empty() ? inputs : outputs[0]);
   }
-  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int,
-                                      ReduceOp op) override {
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int, ReduceOp op) override {
     check_devices("reduce", tensors);
     premultiply(tensors, op);
     return done_work(tensors);
@@ -75,8 +74,7 @@ class LocalComm final : public Comm {
     return done_work(outputs[0]);
   }
   std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
-                                       std::vector<std::vector<at::Tensor>>& inputs,
-                                       int) override {
+                                       std::vector<std::vector<at::Tensor>>& inputs, int) override {
     check_devices("scatter", outputs);
     outputs[0].copy_(inputs[0][0]);
     return done_work(outputs);

@@ -5,6 +5,7 @@
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"
+#include "distributed/work.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -29,6 +30,18 @@ void Work::wait() {
 c10::intrusive_ptr<c10::ivalue::Future> Work::future() {
   DDP_CHECK(state_, "future() on an empty ddp::Work");
   return state_->pending->future();
+}
+
+int Work::source_rank() {
+  DDP_CHECK(state_, "source_rank() on an empty ddp::Work");
+  return state_->pending->source_rank();
+}
+
+Work detail::make_work(std::shared_ptr<detail::PendingWork> pending) {
+  Work w;
+  w.state_ = std::make_shared<Work::State>();
+  w.state_->pending = std::move(pending);
+  return w;
 }
 
 // ---- ProcessGroup ----------------------------------------------------------------
@@ -74,7 +87,7 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
             "all_reduce with AVG needs a floating-point tensor, but got ", tensor.scalar_type(),
             " on rank ", rank(), ". Use SUM and divide yourself.");
   std::vector<at::Tensor> tensors{tensor};
-  comm().all_reduce(tensors, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
+  comm().all_reduce(tensors, op == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op)->wait();
   if (op == ReduceOp::AVG && size() > 1) tensor.div_(size());
 }
 
@@ -116,7 +129,9 @@ void ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& i
             "reduce_scatter_tensor with AVG needs a floating-point tensor, but got ",
             input.scalar_type(), " on rank ", rank(), ". Use SUM and divide yourself.");
   at::Tensor in = input;
-  comm().reduce_scatter_tensor(output, in, op == ReduceOp::AVG ? ReduceOp::SUM : op)->wait();
+  comm()
+      .reduce_scatter_tensor(output, in, op == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op)
+      ->wait();
   if (op == ReduceOp::AVG && size() > 1) output.div_(size());
 }
 

@@ -11,9 +11,8 @@ namespace ddp {
 namespace detail {
 
 int PendingWork::source_rank() {
-  TORCH_CHECK(false,
-              "source_rank() is only for the work of a recv or irecv (the rank the tensor "
-              "came from); this work is a collective or a send.");
+  TORCH_CHECK(false, "source_rank() is only for the work of a recv or irecv (the rank the tensor "
+                     "came from); this work is a collective or a send.");
 }
 
 namespace {

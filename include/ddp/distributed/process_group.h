@@ -128,8 +128,7 @@ class ProcessGroup {
   /// torch.distributed.scatter: rank r's `tensor` receives scatter_list[r] of rank `src`
   /// (size() tensors of tensor's shape and dtype there; empty elsewhere).
   void scatter(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src = 0);
-  Work scatter_async(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list,
-                     int src = 0);
+  Work scatter_async(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src = 0);
   /// torch.distributed.reduce_scatter: rank r's `output` receives the reduction of
   /// input_list[r] over all ranks (size() tensors of output's shape and dtype).
   void reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& input_list,
@@ -190,14 +189,14 @@ class ProcessGroup {
   /// least one entry) receives scatter_object_input_list[rank()] of rank `src` (size()
   /// entries there; ignored elsewhere).
   void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
-                           const std::vector<c10::IValue>& scatter_object_input_list,
-                           int src = 0);
+                           const std::vector<c10::IValue>& scatter_object_input_list, int src = 0);
   /// torch.distributed.send_object_list: to rank `dst`, which receives with
   /// recv_object_list into a list of the same length.
   void send_object_list(const std::vector<c10::IValue>& object_list, int dst);
   /// torch.distributed.recv_object_list: fills object_list from rank `src` (nullopt: any
   /// rank); returns the sender's rank.
-  int recv_object_list(std::vector<c10::IValue>& object_list, std::optional<int> src = std::nullopt);
+  int recv_object_list(std::vector<c10::IValue>& object_list,
+                       std::optional<int> src = std::nullopt);
 
   /// Releases the connections. Further calls throw. Called by the destructor.
   void shutdown();
@@ -209,7 +208,6 @@ class ProcessGroup {
   friend detail::Comm& detail::comm_of(const ProcessGroup& pg);
   explicit ProcessGroup(std::unique_ptr<detail::Comm> comm);
   detail::Comm& comm() const;
-  static Work make_work(std::shared_ptr<detail::PendingWork> pending);
   std::unique_ptr<detail::Comm> comm_;
 };
 

@@ -9,6 +9,13 @@
 namespace ddp {
 
 class ProcessGroup;
+class Work;
+
+namespace detail {
+class PendingWork;
+/// The public handle of a backend's work.
+Work make_work(std::shared_ptr<PendingWork> pending);
+}  // namespace detail
 
 /// A handle to an asynchronous collective.
 class Work {
@@ -24,6 +31,7 @@ class Work {
 
  private:
   friend class ProcessGroup;
+  friend Work detail::make_work(std::shared_ptr<detail::PendingWork> pending);
   struct State;
   std::shared_ptr<State> state_;
 };

@@ -80,7 +80,13 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
     case ReduceOp::PREMUL_SUM:
 #ifdef DDP_WITH_NCCL
       // Only NCCL takes it (C10dComm::reduces_op); the factor travels with the op.
-      return c10d::makeNCCLPreMulSum(op.factor());
+      {
+        // c10d's makePreMulSum, spelled out: its name changed between LibTorch versions.
+        c10d::ReduceOp rop;
+        rop.op_ = c10d::ReduceOp::PREMUL_SUM;
+        rop.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(op.factor());
+        return rop;
+      }
 #else
       break;
 #endif
@@ -317,19 +323,17 @@ class C10dComm final : public Comm {
     return run("reduce_scatter", [&] { return pg()->reduce_scatter(outputs, inputs, opts); });
   }
 
-  // Gloo in 1.13 has no list all_to_all: refused at launch, before any byte is sent, as
-  // the flat collectives are (Note [Native flat collectives]).
+  // NCCL's list all_to_all takes a size per pair. Gloo's has none in 1.13, and in 2.x
+  // wants every tensor of one size: Gloo always goes through all_to_all_single (Note
+  // [Collective fallbacks]).
   std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs) override {
     check_devices("all_to_all", inputs);
     check_devices("all_to_all (outputs)", outputs);
-    if (native_all_to_all_) {
+    if (config_->backend == "nccl") {
       c10d::AllToAllOptions opts;
       opts.timeout = config_->timeout;
-      if (auto work = run_native("all_to_all", native_all_to_all_,
-                                 [&] { return pg()->alltoall(outputs, inputs, opts); })) {
-        return work;
-      }
+      return run("all_to_all", [&] { return pg()->alltoall(outputs, inputs, opts); });
     }
     return all_to_all_by_single(outputs, inputs);
   }
@@ -501,7 +505,6 @@ class C10dComm final : public Comm {
   // reduce-scatter on the wire, nothing kept.
   std::atomic<bool> native_reduce_scatter_{config_->backend != "gloo"};
   std::atomic<bool> native_all_gather_{true};
-  std::atomic<bool> native_all_to_all_{true};
 };
 
 // c10's own log threshold, raised to FATAL for a scope. LibTorch builds with glog

@@ -132,9 +132,8 @@ class StandinComm final : public Comm {
     check_devices("all_to_all_single", {input, output});
     at::Tensor host_output = standin_host_alias(output);
     at::Tensor host_input = standin_host_alias(input);
-    return then_work(
-        host_->all_to_all_single(host_output, host_input, output_splits, input_splits), nullptr,
-        std::vector<at::Tensor>{output});
+    return then_work(host_->all_to_all_single(host_output, host_input, output_splits, input_splits),
+                     nullptr, std::vector<at::Tensor>{output});
   }
   std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     check_devices("send", tensors);

@@ -18,19 +18,7 @@ namespace {
 
 constexpr uint64_t kSlots = 4;
 
-std::string op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::SUM:
-      return "sum";
-    case ReduceOp::AVG:
-      return "avg";
-    case ReduceOp::MAX:
-      return "max";
-    case ReduceOp::MIN:
-      return "min";
-  }
-  return "?";
-}
+std::string op_name(ReduceOp op) { return ascii_lower(reduce_op_name(op)); }
 
 std::string fp_key(int rank, uint64_t seq) {
   return "ddp/fp/" + std::to_string(rank) + "/" + std::to_string(seq % kSlots);
@@ -89,6 +77,7 @@ class TracedWork final : public PendingWork {
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> future() override { return inner_->future(); }
+  int source_rank() override { return inner_->source_rank(); }
 
  private:
   std::shared_ptr<PendingWork> inner_;
@@ -189,6 +178,92 @@ std::shared_ptr<PendingWork> TracedComm::all_gather_into_tensor(at::Tensor& outp
                                                                 at::Tensor& input) {
   return traced("all_gather_into_tensor [" + describe_tensors({input}) + "]", device_of({input}),
                 [&] { return inner_->all_gather_into_tensor(output, input); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::reduce(std::vector<at::Tensor>& tensors, int dst,
+                                                ReduceOp op) {
+  return traced("reduce(" + op_name(op) + ") [" + describe_tensors(tensors) + "] to rank " +
+                    std::to_string(dst),
+                device_of(tensors), [&] { return inner_->reduce(tensors, dst, op); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                std::vector<at::Tensor>& inputs, int dst) {
+  return traced("gather [" + describe_tensors(inputs) + "] to rank " + std::to_string(dst),
+                device_of(inputs), [&] { return inner_->gather(outputs, inputs, dst); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::scatter(std::vector<at::Tensor>& outputs,
+                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                 int src) {
+  return traced("scatter [" + describe_tensors(outputs) + "] from rank " + std::to_string(src),
+                device_of(outputs), [&] { return inner_->scatter(outputs, inputs, src); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs, ReduceOp op) {
+  return traced("reduce_scatter(" + op_name(op) + ") [" + describe_tensors(outputs) + "]",
+                device_of(outputs), [&] { return inner_->reduce_scatter(outputs, inputs, op); });
+}
+
+// Shapes may differ from pair to pair: the fingerprint holds the dtype and the count.
+std::shared_ptr<PendingWork> TracedComm::all_to_all(std::vector<at::Tensor>& outputs,
+                                                    std::vector<at::Tensor>& inputs) {
+  const std::string dtype = inputs.empty() || !inputs[0].defined()
+                                ? std::string("undefined")
+                                : ascii_lower(c10::toString(inputs[0].scalar_type()));
+  return traced("all_to_all [" + dtype + " x" + std::to_string(inputs.size()) + "]",
+                device_of(inputs), [&] { return inner_->all_to_all(outputs, inputs); });
+}
+
+// Split sizes may differ between ranks: the fingerprint holds the dtype and the shape of
+// a row (ProcessGroup checks the splits pairwise in debug mode).
+std::shared_ptr<PendingWork> TracedComm::all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& output_splits,
+                                                           std::vector<int64_t>& input_splits) {
+  std::ostringstream os;
+  os << "all_to_all_single [" << ascii_lower(c10::toString(input.scalar_type())) << " rows of ";
+  for (int64_t d = 1; d < input.dim(); ++d) os << (d > 1 ? "x" : "") << input.size(d);
+  if (input.dim() <= 1) os << "scalar";
+  os << "]";
+  return traced(os.str(), device_of({input}), [&] {
+    return inner_->all_to_all_single(output, input, output_splits, input_splits);
+  });
+}
+
+template <typename Launch>
+std::shared_ptr<PendingWork> TracedComm::traced_p2p(const std::string& what, Launch&& launch) {
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    seq = seq_;
+  }
+  const std::string label = what + " (after #" + std::to_string(seq) + ")";
+  try {
+    return launch();
+  } catch (const std::exception& e) {
+    recorder_->dump(label + " failed to start: " + e.what());
+    throw;
+  }
+}
+
+std::shared_ptr<PendingWork> TracedComm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return traced_p2p("send [" + describe_tensors(tensors) + "] to rank " + std::to_string(dst),
+                    [&] { return inner_->send(tensors, dst, tag); });
+}
+
+std::shared_ptr<PendingWork> TracedComm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  return traced_p2p("recv [" + describe_tensors(tensors) + "]",
+                    [&] { return inner_->recv(tensors, src, tag); });
+}
+
+std::vector<std::shared_ptr<PendingWork>> TracedComm::batch_p2p(std::vector<P2P>& ops) {
+  std::vector<std::shared_ptr<PendingWork>> works;
+  traced_p2p("batch_isend_irecv of " + std::to_string(ops.size()) + " op(s)", [&] {
+    works = inner_->batch_p2p(ops);
+    return std::shared_ptr<PendingWork>();
+  });
+  return works;
 }
 
 // A barrier has no work to hand back: it is recorded around the blocking call.

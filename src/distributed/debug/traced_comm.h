@@ -43,6 +43,29 @@ class TracedComm final : public Comm {
                                                              ReduceOp op) override;
   std::shared_ptr<PendingWork> all_gather_into_tensor(at::Tensor& output,
                                                       at::Tensor& input) override;
+  // The rest of torch.distributed's collectives: numbered, recorded and fingerprinted as
+  // the ones above. Point to point involves two ranks, not the group: it is neither
+  // numbered nor fingerprinted (the group's sequence stays the same on every rank), and
+  // a failure to start is written out after the number of the collective before it.
+  std::shared_ptr<PendingWork> reduce(std::vector<at::Tensor>& tensors, int dst,
+                                      ReduceOp op) override;
+  std::shared_ptr<PendingWork> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                      std::vector<at::Tensor>& inputs, int dst) override;
+  std::shared_ptr<PendingWork> scatter(std::vector<at::Tensor>& outputs,
+                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                       int src) override;
+  std::shared_ptr<PendingWork> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                              ReduceOp op) override;
+  std::shared_ptr<PendingWork> all_to_all(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs) override;
+  std::shared_ptr<PendingWork> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_splits,
+                                                 std::vector<int64_t>& input_splits) override;
+  std::shared_ptr<PendingWork> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  std::shared_ptr<PendingWork> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  std::vector<std::shared_ptr<PendingWork>> batch_p2p(std::vector<P2P>& ops) override;
+  bool reduces_op(ReduceOp op) const override { return inner_->reduces_op(op); }
   void barrier() override;
   bool reduces_in_place(c10::ScalarType dtype, size_t num_tensors) const override {
     return inner_->reduces_in_place(dtype, num_tensors);
@@ -67,6 +90,8 @@ class TracedComm final : public Comm {
  private:
   template <typename Launch>
   std::shared_ptr<PendingWork> traced(std::string what, c10::Device device, Launch&& launch);
+  template <typename Launch>
+  std::shared_ptr<PendingWork> traced_p2p(const std::string& what, Launch&& launch);
   void check_fingerprint(uint64_t seq, const std::string& what);
   [[noreturn]] void fail_check(uint64_t seq, const std::string& reason, bool timeout);
 

@@ -29,6 +29,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 
 namespace ddp {
@@ -243,9 +245,13 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
 
   // Every collective is numbered and recorded (Note [Flight recorder]), and checked
   // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
-  auto traced = [&c](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
-    if (!c.debug_detail && c.flight_recorder_entries == 0) return comm;
-    return std::make_unique<TracedComm>(std::move(comm));
+  // The store and the identities stay with the Comm, for its subgroups.
+  auto traced = [&c, &store, &identities](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
+    if (c.debug_detail || c.flight_recorder_entries != 0) {
+      comm = std::make_unique<TracedComm>(std::move(comm));
+    }
+    GroupSeedAccess::seed(*comm, store, identities);
+    return comm;
   };
   try {
     if (c.backend == "shm" || c.backend_auto) {
@@ -272,6 +278,85 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
     rethrow_comm_error(e, c, "creating the " + c.backend + " process group");
   }
   TORCH_INTERNAL_ASSERT(false, "backend '", c.backend, "' reached Comm::create unchecked");
+}
+
+// Note [Groups from the parent's store]
+// new_group makes a group from its parent's rendezvous store, under the prefix
+// "ddp/group/<id>/", where id counts the groups made from that parent (every rank makes
+// them in the same order, as PyTorch requires): no new port, no rendezvous the user sees,
+// and the members' host identities are the parent's, so no arrival round either. Only
+// the members take part. The backend: the one named, else the parent's, except that a
+// parent on CPUs (shm, hier, or chosen automatically) gives "shm" to a group whose
+// members share one host (falling back to Gloo quietly, as init does) and Gloo to one
+// that spans hosts. The new Comm keeps its own store and identities, so groups nest.
+struct GroupSeed {
+  std::shared_ptr<Store> store;
+  std::vector<HostIdentity> identities;
+  std::atomic<int> next_id{0};
+};
+
+void GroupSeedAccess::seed(Comm& comm, const std::shared_ptr<Store>& store,
+                           const std::vector<HostIdentity>& identities) {
+  comm.seed_ = std::make_shared<GroupSeed>();
+  comm.seed_->store = store;
+  comm.seed_->identities = identities;
+}
+
+int Comm::next_group_id() { return seed_ ? seed_->next_id++ : local_group_ids_++; }
+
+std::unique_ptr<Comm> Comm::create_subgroup(const std::vector<int>& parent_ranks, int id,
+                                            const std::string& backend,
+                                            std::chrono::milliseconds timeout) {
+  const CommConfig& p = config();
+  CommConfig c = p;
+  const auto me = std::find(parent_ranks.begin(), parent_ranks.end(), p.rank);
+  TORCH_INTERNAL_ASSERT(me != parent_ranks.end(), "create_subgroup on a rank outside it");
+  c.rank = static_cast<int>(me - parent_ranks.begin());
+  c.world_size = static_cast<int>(parent_ranks.size());
+  if (timeout.count() > 0) c.timeout = timeout;
+  const bool cpu_parent = p.backend == "shm" || p.backend == "hier" || p.backend_auto;
+  std::string chosen = backend.empty() ? (cpu_parent ? std::string() : p.backend) : backend;
+  DDP_CHECK(chosen.empty() || chosen == "gloo" || chosen == "shm" || chosen == "nccl" ||
+                chosen == "standin",
+            "new_group: backend \"", chosen,
+            "\" is not one of \"gloo\", \"shm\", \"nccl\" (or empty).");
+  DDP_CHECK(chosen != "nccl" || p.backend == "nccl",
+            "new_group: backend \"nccl\" needs a parent "
+            "group on GPUs (nccl), but the parent's backend is \"",
+            p.backend, "\".");
+  c.backend_auto = chosen.empty();
+  c.backend = chosen;
+  if (c.world_size == 1 && !c.single_rank_group) {
+    if (c.backend.empty()) c.backend = p.backend;
+    std::unique_ptr<Comm> local = make_local_comm(c);
+    return c.backend == "standin" ? make_standin_comm(std::move(local)) : std::move(local);
+  }
+  DDP_CHECK(seed_, "new_group: this group was not made by init_process_group or "
+                   "ProcessGroup::create, so it has no store to make groups from.");
+  const std::shared_ptr<Store> store =
+      seed_->store->prefixed("ddp/group/" + std::to_string(id) + "/");
+  std::vector<HostIdentity> ids;
+  for (int r : parent_ranks) ids.push_back(seed_->identities[static_cast<size_t>(r)]);
+  auto finish = [&](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
+    if (c.debug_detail || c.flight_recorder_entries != 0) {
+      comm = std::make_unique<TracedComm>(std::move(comm));
+    }
+    GroupSeedAccess::seed(*comm, store, ids);
+    return comm;
+  };
+  try {
+    if (c.backend == "shm" || c.backend_auto) {
+      if (auto comm = make_shm(c, store, ids)) return finish(std::move(comm));
+      c.backend = "gloo";
+      c.backend_auto = false;
+    }
+    if (c.backend == "gloo") return finish(make_gloo_comm(c, store));
+    if (c.backend == "standin") return finish(make_standin_comm(make_gloo_comm(c, store)));
+    if (c.backend == "nccl") return finish(make_nccl_comm(c, store));
+  } catch (const std::exception& e) {
+    rethrow_comm_error(e, c, "creating group #" + std::to_string(id) + " (new_group)");
+  }
+  TORCH_INTERNAL_ASSERT(false, "backend '", c.backend, "' reached create_subgroup unchecked");
 }
 
 }  // namespace detail

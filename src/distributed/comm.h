@@ -83,10 +83,24 @@ std::string where(const CommConfig& c);
 /// and read the result only through to_host() after wait(): on NCCL, wait() merely
 /// makes the current stream wait for the collective, and the copy to the host is what
 /// waits for the data. With Gloo both are the identity.
+struct GroupSeed;
+class Store;
+struct HostIdentity;
+
 class Comm {
  public:
   /// Builds the store and the backend. World size 1 needs neither.
   static std::unique_ptr<Comm> create(const CommConfig& config);
+  /// Note [Groups from the parent's store] (backend_select.cpp): the Comm of group `id`
+  /// of this one, whose members are `parent_ranks` (ranks of this group, this rank among
+  /// them), on `backend` ("" chooses as the note says) with `timeout` (zero: this
+  /// group's). Collective over the members only.
+  std::unique_ptr<Comm> create_subgroup(const std::vector<int>& parent_ranks, int id,
+                                        const std::string& backend,
+                                        std::chrono::milliseconds timeout);
+  /// The number of the next group made from this one: the same on every rank that makes
+  /// its groups in the same order.
+  int next_group_id();
   virtual ~Comm() = default;
 
   const CommConfig& config() const { return *config_; }
@@ -252,7 +266,19 @@ class Comm {
   std::shared_ptr<const CommConfig> config_;
 
  private:
+  friend class GroupSeedAccess;
   uint64_t monitored_barriers_ = 0;
+  // The store and the ranks' host identities that made this Comm, for its subgroups;
+  // null for LocalComm and for Comms made inside another.
+  std::shared_ptr<GroupSeed> seed_;
+  int local_group_ids_ = 0;  // next_group_id() without a seed
+};
+
+/// Gives a Comm the store and identities it was made from (backend_select.cpp).
+class GroupSeedAccess {
+ public:
+  static void seed(Comm& comm, const std::shared_ptr<Store>& store,
+                   const std::vector<HostIdentity>& identities);
 };
 
 /// LocalComm (Note [World size 1]); local rank and local world size default to 0 and 1.

@@ -54,7 +54,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const InitOptions& options) {
   return detail::make_process_group(detail::Comm::create(detail::resolve_rendezvous(options)));
 }
 
-ProcessGroup::ProcessGroup(std::unique_ptr<detail::Comm> comm) : comm_(std::move(comm)) {}
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::Comm> comm) : comm_(std::move(comm)) {
+  if (!comm_) return;
+  for (int r = 0; r < comm_->config().world_size; ++r) ranks_.push_back(r);
+  self_ = comm_->config().rank;
+}
 
 ProcessGroup::~ProcessGroup() {
   try {
@@ -65,13 +69,27 @@ ProcessGroup::~ProcessGroup() {
 }
 
 detail::Comm& ProcessGroup::comm() const {
+  if (!member_) {
+    std::string ranks;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      ranks += (i ? ", " : "") + std::to_string(ranks_[i]);
+    }
+    detail::throw_error(
+        c10::str("global rank ", self_, " is not a member of this group (global ranks [", ranks,
+                 "]): only its members call its collectives. Check is_member() first, as PyTorch "
+                 "code checks for GroupMember.NON_GROUP_MEMBER."));
+  }
   DDP_CHECK(comm_, "this process group was shut down (destroy_process_group); create a "
                    "new one with init_process_group before using collectives.");
   return *comm_;
 }
 
-int ProcessGroup::rank() const { return comm().config().rank; }
-int ProcessGroup::size() const { return comm().config().world_size; }
+int ProcessGroup::rank() const { return member_ ? comm().config().rank : -1; }
+int ProcessGroup::size() const {
+  return member_ ? comm().config().world_size : static_cast<int>(ranks_.size());
+}
+bool ProcessGroup::is_member() const { return member_; }
+const std::vector<int>& ProcessGroup::ranks() const { return ranks_; }
 int ProcessGroup::local_rank() const { return comm().config().local_rank; }
 int ProcessGroup::local_world_size() const { return comm().config().local_world_size; }
 const std::string& ProcessGroup::backend() const { return comm().config().backend; }
@@ -212,7 +230,7 @@ void ProcessGroup::shutdown() {
   comm_.reset();
 }
 
-bool ProcessGroup::is_shut_down() const { return comm_ == nullptr; }
+bool ProcessGroup::is_shut_down() const { return member_ && comm_ == nullptr; }
 
 // ---- The default group -----------------------------------------------------------
 

@@ -25,6 +25,7 @@
 namespace ddp {
 
 class ProcessGroup;
+struct GroupOptions;
 
 namespace detail {
 class Comm;
@@ -63,8 +64,16 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  /// This rank within the group; -1 on a rank that is not a member (torch's
+  /// get_rank(group) for a non-member).
   int rank() const;
   int size() const;
+  /// False on a rank outside a group made by new_group: the group's collectives refuse
+  /// there, as PyTorch's GroupMember.NON_GROUP_MEMBER does.
+  bool is_member() const;
+  /// The members' global ranks (ranks of the group that init_process_group or create
+  /// made), in group rank order: 0..size()-1 for such a group itself.
+  const std::vector<int>& ranks() const;
   int local_rank() const;
   int local_world_size() const;
   /// The backend in use: "gloo", "nccl", "shm" (one host), "hier" (shared memory within
@@ -206,9 +215,15 @@ class ProcessGroup {
   friend std::shared_ptr<ProcessGroup> detail::make_process_group(
       std::unique_ptr<detail::Comm> comm);
   friend detail::Comm& detail::comm_of(const ProcessGroup& pg);
+  friend std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                                 const GroupOptions& options,
+                                                 const std::shared_ptr<ProcessGroup>& parent);
   explicit ProcessGroup(std::unique_ptr<detail::Comm> comm);
   detail::Comm& comm() const;
   std::unique_ptr<detail::Comm> comm_;
+  std::vector<int> ranks_;  // global ranks, in group rank order
+  bool member_ = true;
+  int self_ = -1;  // this process's global rank, for a non-member's messages
 };
 
 }  // namespace ddp

@@ -5,8 +5,10 @@
 //   ddp/distributed/options.h        InitOptions, RankInfo, ReduceOp
 //   ddp/distributed/work.h           Work, the handle of an asynchronous collective
 //   ddp/distributed/process_group.h  ProcessGroup and its collectives (this header)
-//   ddp/distributed/default_group.h  init_process_group and the default group's calls
-// This header includes the others, so that one include gives the whole API.
+//   ddp/distributed/default_group.h  init_process_group, and every collective as a free
+//                                    function on a group (the default one when null)
+//   ddp/distributed/groups.h         new_group and the subgroups (in ddp/ddp.h)
+// This header includes the first three, so that one include gives the collectives.
 
 #include <ddp/distributed/options.h>
 #include <ddp/distributed/work.h>

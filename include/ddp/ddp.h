@@ -12,6 +12,7 @@
 
 #include <ddp/errors.h>
 
+#include <ddp/distributed/device_mesh.h>
 #include <ddp/distributed/groups.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/distributed/memory.h>

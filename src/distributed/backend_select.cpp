@@ -288,7 +288,9 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
 // the members take part. The backend: the one named, else the parent's, except that a
 // parent on CPUs (shm, hier, or chosen automatically) gives "shm" to a group whose
 // members share one host (falling back to Gloo quietly, as init does) and Gloo to one
-// that spans hosts. The new Comm keeps its own store and identities, so groups nest.
+// that spans hosts. Creation ends with a barrier of the new group (PyTorch's ends with a
+// store barrier), so that no member drops the group while another still connects. The
+// new Comm keeps its own store and identities, so groups nest.
 struct GroupSeed {
   std::shared_ptr<Store> store;
   std::vector<HostIdentity> identities;
@@ -338,6 +340,10 @@ std::unique_ptr<Comm> Comm::create_subgroup(const std::vector<int>& parent_ranks
   std::vector<HostIdentity> ids;
   for (int r : parent_ranks) ids.push_back(seed_->identities[static_cast<size_t>(r)]);
   auto finish = [&](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
+    // A barrier of the new group before anyone uses or drops it, as PyTorch's new_group
+    // ends with one: a member that has connected could otherwise close its end (drop
+    // the group) while another member is still connecting, which fails there.
+    comm->barrier();
     if (c.debug_detail || c.flight_recorder_entries != 0) {
       comm = std::make_unique<TracedComm>(std::move(comm));
     }

@@ -229,6 +229,20 @@ void place_from_peers(CommConfig& c, const std::vector<HostIdentity>& ids) {
   if (c.gloo_interface.empty()) c.gloo_address = "127.0.0.1";
 }
 
+// Every collective is numbered and recorded (Note [Flight recorder]), and checked across
+// ranks in debug mode (Note [Collective fingerprints]), unless both are off. The store
+// and the identities stay with the Comm, for its subgroups (Note [Groups from the
+// parent's store]).
+std::unique_ptr<Comm> traced_and_seeded(std::unique_ptr<Comm> comm, const CommConfig& c,
+                                        const std::shared_ptr<Store>& store,
+                                        const std::vector<HostIdentity>& identities) {
+  if (c.debug_detail || c.flight_recorder_entries != 0) {
+    comm = std::make_unique<TracedComm>(std::move(comm));
+  }
+  GroupSeedAccess::seed(*comm, store, identities);
+  return comm;
+}
+
 }  // namespace
 
 std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
@@ -243,15 +257,8 @@ std::unique_ptr<Comm> Comm::create(const CommConfig& config) {
   const std::vector<HostIdentity> identities = wait_for_arrivals(c, *store);
   if (c.placement_from_peers || c.interface_from_peers) place_from_peers(c, identities);
 
-  // Every collective is numbered and recorded (Note [Flight recorder]), and checked
-  // across ranks in debug mode (Note [Collective fingerprints]), unless both are off.
-  // The store and the identities stay with the Comm, for its subgroups.
-  auto traced = [&c, &store, &identities](std::unique_ptr<Comm> comm) -> std::unique_ptr<Comm> {
-    if (c.debug_detail || c.flight_recorder_entries != 0) {
-      comm = std::make_unique<TracedComm>(std::move(comm));
-    }
-    GroupSeedAccess::seed(*comm, store, identities);
-    return comm;
+  auto traced = [&c, &store, &identities](std::unique_ptr<Comm> comm) {
+    return traced_and_seeded(std::move(comm), c, store, identities);
   };
   try {
     if (c.backend == "shm" || c.backend_auto) {
@@ -344,11 +351,7 @@ std::unique_ptr<Comm> Comm::create_subgroup(const std::vector<int>& parent_ranks
     // ends with one: a member that has connected could otherwise close its end (drop
     // the group) while another member is still connecting, which fails there.
     comm->barrier();
-    if (c.debug_detail || c.flight_recorder_entries != 0) {
-      comm = std::make_unique<TracedComm>(std::move(comm));
-    }
-    GroupSeedAccess::seed(*comm, store, ids);
-    return comm;
+    return traced_and_seeded(std::move(comm), c, store, ids);
   };
   try {
     if (c.backend == "shm" || c.backend_auto) {

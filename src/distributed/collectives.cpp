@@ -20,7 +20,6 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <mutex>
 #include <sstream>
 
 namespace ddp {
@@ -52,13 +51,6 @@ const char* reduce_op_name(ReduceOp op) {
 namespace {
 
 using detail::PendingWork;
-
-// then_work's step may run twice (wait() and the future's callback): once, and a second
-// caller waits for the first.
-std::function<void()> once(std::function<void()> f) {
-  auto flag = std::make_shared<std::once_flag>();
-  return [flag, f = std::move(f)] { std::call_once(*flag, f); };
-}
 
 void check_defined(const char* what, const char* name, const at::Tensor& t, int rank) {
   DDP_CHECK(t.defined(), what, " got an undefined ", name, " on rank ", rank,
@@ -139,20 +131,18 @@ struct Staged {
   static at::Tensor in(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 };
 
-// `pending`, then the copies back and the AVG division (of `avg_of`, by `divisor`), once.
+// `pending`, then the copies back and the AVG division (of `avg_of`, by `divisor`). The
+// step runs once however the work is awaited (Note [After runs once], work.cpp).
 Work finish(std::shared_ptr<PendingWork> pending, Staged staged, std::vector<at::Tensor> outputs,
-            std::vector<at::Tensor> avg_of = {}, int divisor = 1,
-            std::function<void()> extra = nullptr) {
+            std::vector<at::Tensor> avg_of = {}, int divisor = 1) {
   std::function<void()> after;
-  if (!staged.copy_back.empty() || (!avg_of.empty() && divisor > 1) || extra) {
-    after = once([copies = std::move(staged.copy_back), avg_of = std::move(avg_of), divisor,
-                  extra = std::move(extra)] {
+  if (!staged.copy_back.empty() || (!avg_of.empty() && divisor > 1)) {
+    after = [copies = std::move(staged.copy_back), avg_of = std::move(avg_of), divisor] {
       for (const at::Tensor& t : avg_of) {
         if (divisor > 1) t.div_(divisor);
       }
       for (const auto& c : copies) c.second.copy_(c.first);
-      if (extra) extra();
-    });
+    };
   }
   if (after) pending = detail::then_work(std::move(pending), after, std::move(outputs));
   return detail::make_work(std::move(pending));

@@ -493,6 +493,18 @@ void FullyShardBase::shard(const FullyShardOptions& options,
             " is already sharded (fully_shard "
             "was applied to it before). Apply fully_shard once per module.");
   std::shared_ptr<ProcessGroup> pg = options.process_group();
+  std::shared_ptr<ProcessGroup> replicate;
+  if (options.mesh()) {
+    const DeviceMesh& mesh = *options.mesh();
+    DDP_CHECK(!pg, "ddp::fully_shard(", module_->name(),
+              "): both a mesh and a process_group "
+              "were given; pass one.");
+    DDP_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2, "ddp::fully_shard(", module_->name(),
+              "): the mesh must be 1-D (shard) or 2-D (replicate, shard), but it has ", mesh.ndim(),
+              " dimensions: ", mesh.to_string(), ". Pass a submesh (mesh[{...}]).");
+    pg = mesh.get_group(mesh.ndim() - 1);
+    if (mesh.ndim() == 2) replicate = mesh.get_group(0);
+  }
   if (!pg) {
     DDP_CHECK(is_initialized(), "ddp::fully_shard(", module_->name(),
               ") needs a process group, "
@@ -534,6 +546,7 @@ void FullyShardBase::shard(const FullyShardOptions& options,
   }
   if (pg->device().is_cpu()) detail::default_cpu_caching_allocator();
   auto unit = std::make_shared<ShardUnit>(module_->name(), pg, options);
+  unit->set_replicate(replicate);
   unit->shard(std::move(params));
   unit->schedule.wrapper = this;
   unit_ = std::move(unit);
@@ -566,6 +579,15 @@ void FullyShardBase::set_requires_gradient_sync(bool sync, bool recurse) {
   for (const auto& m : modules(/*include_self=*/false)) {
     if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
       w->set_requires_gradient_sync(sync, false);
+  }
+}
+
+void FullyShardBase::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  if (unit_) unit_->set_requires_all_reduce(requires_all_reduce);
+  if (!recurse) return;
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* w = dynamic_cast<FullyShardBase*>(m.get()))
+      w->set_requires_all_reduce(requires_all_reduce, false);
   }
 }
 

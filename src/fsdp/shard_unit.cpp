@@ -136,24 +136,29 @@ void ShardUnit::shard(std::vector<std::pair<std::string, at::Tensor>> named) {
     }
     desc << name << ' ' << t.sizes() << ' ' << t.scalar_type() << ' ' << content_hash(t) << '\n';
   }
-  const std::vector<std::string> all = pg_->all_gather_bytes(desc.str());
-  for (int r = 1; r < world_; ++r) {
-    if (all[r] == all[0]) continue;
-    std::istringstream a(all[0]), b(all[r]);
-    std::string la, lb;
-    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+  // Every rank of the shard group, and with HSDP every replica, holds the same values.
+  auto check_equal = [&](ProcessGroup& group, const char* who) {
+    const std::vector<std::string> all = group.all_gather_bytes(desc.str());
+    for (int r = 1; r < group.size(); ++r) {
+      if (all[r] == all[0]) continue;
+      std::istringstream a(all[0]), b(all[r]);
+      std::string la, lb;
+      while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+      }
+      const std::string what = la.empty() ? lb : la;
+      const std::string pname = what.substr(0, what.find(' '));
+      throw MismatchError(c10::str(
+          "ddp::fully_shard(", name_, "): the parameters differ between ", who, " 0 and ", who, " ",
+          r, ", first at '", pname, "' (", who,
+          " 0: ", la.empty() ? "<none>" : la.substr(la.find(' ') + 1), "; ", who, " ", r, ": ",
+          lb.empty() ? "<none>" : lb.substr(lb.find(' ') + 1),
+          " [shape dtype content hash]). Every rank must build the same model with the same "
+          "initial values before fully_shard: seed the generator identically on every rank "
+          "(torch::manual_seed), or load the same weights, or broadcast them from rank 0."));
     }
-    const std::string what = la.empty() ? lb : la;
-    const std::string pname = what.substr(0, what.find(' '));
-    throw MismatchError(
-        c10::str("ddp::fully_shard(", name_, "): the parameters differ between rank 0 and rank ", r,
-                 ", first at '", pname,
-                 "' (rank 0: ", la.empty() ? "<none>" : la.substr(la.find(' ') + 1), "; rank ", r,
-                 ": ", lb.empty() ? "<none>" : lb.substr(lb.find(' ') + 1),
-                 " [shape dtype content hash]). Every rank must build the same model with the same "
-                 "initial values before fully_shard: seed the generator identically on every rank "
-                 "(torch::manual_seed), or load the same weights, or broadcast them from rank 0."));
-  }
+  };
+  check_equal(*pg_, "rank");
+  if (replicate_) check_equal(*replicate_, "replica");
 
   at::NoGradGuard no_grad;
   int64_t offset = 0;
@@ -439,6 +444,33 @@ void ShardUnit::finish_reduce() {
   rs_.work.reset();  // and the tensors it holds (see wait_gather)
   rs_.pending = false;
   at::NoGradGuard no_grad;
+  if (replicate_ && replicate_->size() > 1) {
+    // HSDP: the shard group's sums, added to those of backwards that skipped the
+    // all-reduce, then averaged across the replicas (FSDP2's all-reduce after the
+    // reduce-scatter). The flags add up too; only whether they are above 0 is read.
+    if (partial_.defined()) {
+      DDP_CHECK(partial_.numel() == rs_.output.numel(), "ddp::fully_shard(", name_,
+                "): the parameters that take gradients changed between backwards with "
+                "set_requires_all_reduce(false); keep them fixed while accumulating.");
+      rs_.output.add_(partial_);
+      partial_ = at::Tensor();
+    }
+    if (!requires_all_reduce_) {
+      partial_ = rs_.output.clone();
+      for (size_t i : rs_.reduced) {
+        ShardedParam& p = params_[i];
+        p.param.mutable_grad() = p.stash;
+        p.stash = at::Tensor();
+      }
+      rs_.input = at::Tensor();
+      rs_.output = at::Tensor();
+      rs_.input_block.reset();
+      notify(FullyShardEvent::kReduceScatterFinished, label());
+      return;
+    }
+    replicate_->all_reduce(rs_.output, ReduceOp::SUM);
+    rs_.output.div_(replicate_->size());
+  }
   if (rs_.post_divide != 1) rs_.output.div_(rs_.post_divide);
   const int64_t k = static_cast<int64_t>(rs_.reduced.size());
   const at::Tensor flags = rs_.output.narrow(0, rs_.width, k).to(at::kCPU, at::kFloat);

@@ -88,6 +88,11 @@ class ShardUnit final : public ShardOwner {
     path_ = std::move(path);
     path_set_ = true;
   }
+  /// HSDP: the group across which the sharded gradients are all-reduced (the mesh's
+  /// replicate dimension); null without one. Set before shard().
+  void set_replicate(std::shared_ptr<ProcessGroup> replicate) { replicate_ = std::move(replicate); }
+  const std::shared_ptr<ProcessGroup>& replicate() const { return replicate_; }
+  void set_requires_all_reduce(bool on) { requires_all_reduce_ = on; }
   ProcessGroup& group() const { return *pg_; }
   const std::shared_ptr<ProcessGroup>& group_ptr() const { return pg_; }
   const FullyShardOptions& options() const { return options_; }
@@ -132,6 +137,9 @@ class ShardUnit final : public ShardOwner {
   std::string path_;
   bool path_set_ = false;
   std::shared_ptr<ProcessGroup> pg_;
+  std::shared_ptr<ProcessGroup> replicate_;  // HSDP's replicate dimension, or null
+  bool requires_all_reduce_ = true;
+  at::Tensor partial_;  // HSDP: reduce-scattered sums not yet all-reduced
   FullyShardOptions options_;
   int rank_ = 0;
   int world_ = 1;

@@ -34,6 +34,7 @@
 // it), or reach the block through a container. fully_shard(root) refuses a tree in which
 // a unit's module is still held elsewhere, before it changes anything.
 
+#include <ddp/distributed/device_mesh.h>
 #include <ddp/distributed/process_group.h>
 #include <ddp/modules/output_tensors.h>
 
@@ -84,8 +85,14 @@ struct MixedPrecisionPolicy {
 
 /// Options of ddp::fully_shard, with FSDP2's names.
 struct FullyShardOptions {
-  /// The ranks the parameters are sharded over. nullptr: the default group.
+  /// The ranks the parameters are sharded over. nullptr: the default group (or mesh).
   TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group) = nullptr;
+  /// FSDP2's mesh, instead of process_group. 1-D: the ranks to shard over. 2-D
+  /// (replicate, shard): HSDP, as FSDP2's HSDPMeshInfo(shard_mesh_dim=1,
+  /// replicate_mesh_dim=0): each row of dimension 1 shards the parameters among its
+  /// ranks and reduce-scatters their gradients, then the sharded gradients are
+  /// all-reduced (averaged) across dimension 0, whose ranks hold the same shards.
+  TORCH_ARG(c10::optional<DeviceMesh>, mesh) = c10::nullopt;
   /// Free the full parameters after the unit's forward and all-gather them again for its
   /// backward (less memory, one more all-gather per step). The root never does: its
   /// parameters are needed at once by backward.
@@ -189,6 +196,12 @@ class FullyShardBase : public torch::nn::Module {
   /// next backward with true reduce-scatters the sum (DDP's no_sync). `recurse`: also
   /// the units nested inside this one.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  /// HSDP (a 2-D mesh): whether backward all-reduces the sharded gradients across the
+  /// replicate dimension (FSDP2's set_requires_all_reduce). False keeps them reduced
+  /// within the shard group only and adds them up, unset in .grad(), until a backward
+  /// with it true all-reduces the sum: gradient accumulation that communicates within
+  /// a host only. No effect without a replicate dimension.
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
   /// Changes reshard_after_forward (not for the root; see FullyShardOptions).
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
   /// The options this unit was sharded with.

@@ -60,6 +60,8 @@ struct RootStep {
   bool backward_started = false;
   // The unit whose reduce-scatter was launched last and not yet waited for.
   ShardUnit* reducing = nullptr;
+  // HSDP: the unit before it, whose all-reduce across replicas is in flight.
+  ShardUnit* all_reducing = nullptr;
   // A forward without gradients while a training forward waits for its backward (an
   // evaluation in between): it leaves the step's state alone.
   bool side = false;
@@ -180,6 +182,7 @@ void finish_backward(ShardUnit* root) {
   }
   for (ShardUnit* u : order) u->finish_reduce();
   st.reducing = nullptr;
+  st.all_reducing = nullptr;
   st.last_forward_order = order;
   end_step(st);
 }
@@ -211,8 +214,15 @@ void post_backward(ShardUnit& u) {
   // one unit's backward ago, is waited for before this one is launched, and its input
   // freed, as FSDP2 does. So one unit's reduce-scatter buffer is alive at a time, not
   // every unit's until the end of backward.
+  // With HSDP, a unit's all-reduce runs one unit's backward longer (Note [The replicas'
+  // all-reduce overlaps]): two units' buffers are alive then.
   RootStep& st = step_of(u);
-  if (st.reducing && st.reducing != &u) st.reducing->finish_reduce();
+  if (st.all_reducing && st.all_reducing != &u) st.all_reducing->finish_reduce();
+  st.all_reducing = nullptr;
+  if (st.reducing && st.reducing != &u) {
+    st.reducing->advance_reduce();
+    if (st.reducing->reduce_pending()) st.all_reducing = st.reducing;
+  }
   st.reducing = nullptr;
   u.reduce_grads(u.schedule.requires_gradient_sync);
   if (u.reduce_pending()) st.reducing = &u;

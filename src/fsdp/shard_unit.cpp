@@ -432,18 +432,36 @@ void ShardUnit::reduce_grads(bool sync) {
 }
 
 void ShardUnit::finish_reduce() {
+  while (rs_.pending) advance_reduce();
+}
+
+void ShardUnit::advance_reduce() {
   if (!rs_.pending) return;
-  try {
-    rs_.work->wait();
-  } catch (...) {
-    rs_.input_block.keep_for_good();  // see wait_gather
-    rs_.work.reset();
-    rs_.pending = false;
-    throw;
-  }
-  rs_.work.reset();  // and the tensors it holds (see wait_gather)
-  rs_.pending = false;
+  // The tensors a failed collective may still write stay allocated for good (see
+  // wait_gather).
+  auto wait_or_keep = [this](auto&& wait) {
+    try {
+      wait();
+    } catch (...) {
+      rs_.input_block.keep_for_good();
+      rs_.work.reset();
+      rs_.all_reduce = Work();
+      rs_.all_reducing = false;
+      rs_.pending = false;
+      throw;
+    }
+  };
   at::NoGradGuard no_grad;
+  if (rs_.all_reducing) {
+    wait_or_keep([this] { rs_.all_reduce.wait(); });
+    rs_.all_reduce = Work();
+    rs_.all_reducing = false;
+    rs_.output.div_(replicate_->size());
+    complete_reduce();
+    return;
+  }
+  wait_or_keep([this] { rs_.work->wait(); });
+  rs_.work.reset();  // and the tensors it holds (see wait_gather)
   if (replicate_ && replicate_->size() > 1) {
     // HSDP: the shard group's sums, added to those of backwards that skipped the
     // all-reduce, then averaged across the replicas (FSDP2's all-reduce after the
@@ -462,15 +480,27 @@ void ShardUnit::finish_reduce() {
         p.param.mutable_grad() = p.stash;
         p.stash = at::Tensor();
       }
+      rs_.pending = false;
       rs_.input = at::Tensor();
       rs_.output = at::Tensor();
       rs_.input_block.reset();
       notify(FullyShardEvent::kReduceScatterFinished, label());
       return;
     }
-    replicate_->all_reduce(rs_.output, ReduceOp::SUM);
-    rs_.output.div_(replicate_->size());
+    // Note [The replicas' all-reduce overlaps]: launched here and waited for one unit's
+    // backward later (or at the end of backward), so that it runs across hosts while the
+    // next unit's reduce-scatter runs within the host, as FSDP2's all-reduce stream does.
+    std::vector<at::Tensor> one{rs_.output};
+    rs_.all_reduce = replicate_->all_reduce_async(one, ReduceOp::SUM);
+    rs_.all_reducing = true;
+    notify(FullyShardEvent::kAllReduceStarted, label());
+    return;
   }
+  complete_reduce();
+}
+
+void ShardUnit::complete_reduce() {
+  rs_.pending = false;
   if (rs_.post_divide != 1) rs_.output.div_(rs_.post_divide);
   const int64_t k = static_cast<int64_t>(rs_.reduced.size());
   const at::Tensor flags = rs_.output.narrow(0, rs_.width, k).to(at::kCPU, at::kFloat);
@@ -520,6 +550,8 @@ const char* to_string(FullyShardEvent event) {
       return "resharded";
     case FullyShardEvent::kReduceScatterStarted:
       return "reduce_scatter_started";
+    case FullyShardEvent::kAllReduceStarted:
+      return "all_reduce_started";
     case FullyShardEvent::kReduceScatterFinished:
       return "reduce_scatter_finished";
   }

@@ -120,8 +120,13 @@ class ShardUnit final : public ShardOwner {
   /// without gradient sync, keeps them for the next backward). Puts the stashed
   /// gradients back when nothing is reduced.
   void reduce_grads(bool sync);
-  /// Waits for the reduce-scatter and adds each sharded gradient to its parameter.
+  /// Waits for the reduce-scatter (and with HSDP the all-reduce) and adds each sharded
+  /// gradient to its parameter.
   void finish_reduce();
+  /// One step of finish_reduce: waits for the reduce-scatter and, with HSDP, launches
+  /// the all-reduce across replicas and returns; or waits for that all-reduce and
+  /// finishes.
+  void advance_reduce();
   bool reduce_pending() const { return rs_.pending; }
 
   /// Every rank's rows of a tensor shaped like p's shard (the shard itself, its gradient,
@@ -165,7 +170,10 @@ class ShardUnit final : public ShardOwner {
     int64_t width = 0;             // gradient elements per rank's row (then the flags)
     double post_divide = 1;
     at::ScalarType dtype = at::kFloat;  // reduce_dtype(); the wire's may be wider
+    bool all_reducing = false;          // HSDP: the all-reduce of output is in flight
+    Work all_reduce;
   } rs_;
+  void complete_reduce();  // the sums are final: hands them to the parameters' .grad
 };
 
 /// Tells the observer, if one is installed (set_fully_shard_observer).

@@ -2,7 +2,8 @@
 """Two 'hosts' made of two network namespaces joined by a veth pair.
 
     python3 test_two_hosts.py /path/to/ddprun [--worker-cmd "CMD ARGS"]
-                              [--distributed-tests PATH] [unittest options]
+                              [--distributed-tests PATH] [--parallel-tests PATH]
+                              [unittest options]
 
 Each namespace runs its own ddprun (--nnodes 2, node 0 in A, node 1 in B,
 --nproc-per-node 2). By default the worker dumps its environment, which is
@@ -11,6 +12,7 @@ checked (RANK 0..3, WORLD_SIZE 4, ...); --worker-cmd swaps in another worker
 --distributed-tests runs the library's distributed_tests binary without ddprun, two
 ranks per namespace, meeting through init_method file:// in a folder both see (the
 namespaces share the filesystem, as hosts share a network filesystem).
+--parallel-tests does the same with parallel_tests' HSDP scenario.
 
 The addresses (10.x.y.1 and .2) exist only inside the two namespaces; the
 host's own interfaces are never touched. Without root, `ip`, or namespace
@@ -36,6 +38,7 @@ SUBNET = "10.%d.%d" % (200 + PID % 50, (PID // 50) % 250)
 ADDR = [SUBNET + ".1", SUBNET + ".2"]
 WORKER_CMD = None
 DISTRIBUTED_TESTS = None
+PARALLEL_TESTS = None
 
 
 def ip(*args, check=True):
@@ -165,18 +168,21 @@ class TwoHostTest(T.DdprunTestCase):
             self.assertEqual((e["MASTER_ADDR"], e["TORCHELASTIC_RUN_ID"]), (ADDR[0], "100"))
         self.assertIn("[rank 0]: rank 0 wrote", results[1][0])  # A is node 0
 
-    def run_file_store_ranks(self, backend, env_extra=None, timeout=120, private_shm=False):
+    def run_file_store_ranks(self, backend, env_extra=None, timeout=120, private_shm=False,
+                             scenario="file_store_hosts", binary=None):
         """Four ranks, two per namespace, no launcher: [(output, returncode)] by rank.
         private_shm: each namespace also gets its own /dev/shm (a mount namespace with a
         fresh tmpfs, shared by the two ranks there), so that the namespaces are different
-        hosts for shared memory too."""
+        hosts for shared memory too. Each rank runs `scenario` of `binary` (a test
+        binary; default --distributed-tests)."""
+        binary = binary or DISTRIBUTED_TESTS
         name = "%s-%s-%d" % (backend or "auto", "private" if private_shm else "shared",
                              len(os.listdir(self.tmp)))
         store_dir = os.path.join(self.tmp, "store-" + name)
         logs = os.path.join(self.tmp, "logs-" + name)
         os.mkdir(store_dir)
         os.mkdir(logs)
-        env = T.base_env(WORLD_SIZE=4, OMP_NUM_THREADS=1, DDP_TEST_SCENARIO="file_store_hosts",
+        env = T.base_env(WORLD_SIZE=4, OMP_NUM_THREADS=1, DDP_TEST_SCENARIO=scenario,
                          DDP_TEST_INIT_METHOD="file://%s/store" % store_dir,
                          DDP_TEST_BACKEND=backend, DDP_TEST_LOCAL_WORLD_SIZE=2)
         for var in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -197,7 +203,7 @@ class TwoHostTest(T.DdprunTestCase):
                 cmd = ["ip", "netns", "exec", NS[host]]
                 if private_shm:
                     cmd += ["unshare", "--mount", "--propagation", "private"]
-                cmd += ["bash", "-c", "\n".join(lines), DISTRIBUTED_TESTS]
+                cmd += ["bash", "-c", "\n".join(lines), binary]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
             deadline = time.monotonic() + timeout
@@ -244,6 +250,19 @@ class TwoHostTest(T.DdprunTestCase):
             self.assertNotEqual(rc, 0, out)
             self.assertIn("nosuch0", out)
 
+    def test_hsdp_across_hosts(self):
+        # HSDP on a 2 x 2 mesh (replicate, shard) whose rows are the hosts: each host
+        # shards over shared memory, the hosts all-reduce over Gloo, and the result
+        # equals one process training on every rank's batches (the scenario checks both).
+        if not PARALLEL_TESTS:
+            self.skipTest("needs --parallel-tests PATH")
+        results = self.run_file_store_ranks("", private_shm=True, scenario="hsdp_hosts",
+                                            binary=PARALLEL_TESTS)
+        for rank, (out, rc) in enumerate(results):
+            self.assertEqual(rc, 0, "rank %d:\n%s" % (rank, out))
+            self.assertIn("rank %d: shard group shm, replicate group gloo" % rank, out)
+            self.assertIn("rank %d: HSDP across hosts equals one process" % rank, out)
+
     def test_failure_in_b_stops_a(self):
         def worker(node):
             if node == 1:
@@ -262,7 +281,7 @@ class TwoHostTest(T.DdprunTestCase):
 
 
 def main():
-    global WORKER_CMD, DISTRIBUTED_TESTS
+    global WORKER_CMD, DISTRIBUTED_TESTS, PARALLEL_TESTS
     args = sys.argv[1:]
     if "--worker-cmd" in args:
         i = args.index("--worker-cmd")
@@ -271,6 +290,10 @@ def main():
     if "--distributed-tests" in args:
         i = args.index("--distributed-tests")
         DISTRIBUTED_TESTS = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
+    if "--parallel-tests" in args:
+        i = args.index("--parallel-tests")
+        PARALLEL_TESTS = os.path.abspath(args[i + 1])
         del args[i:i + 2]
     sys.argv = [sys.argv[0]] + args
     why = setup_namespaces()

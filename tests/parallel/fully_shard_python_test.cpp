@@ -1,12 +1,14 @@
 // ddp::fully_shard against PyTorch's own FSDP2 (torch.distributed.fsdp.fully_shard, on
 // CPUs with Gloo): the same transformer, the same initial weights and batches, fully_shard
 // on each block and on the root, Adam for 10 steps at 3 ranks (so that shards are uneven
-// and padded). The full parameters must agree within 1e-5.
+// and padded). The full parameters must agree within 1e-5. And HSDP: both on a 2 x 2 mesh
+// (replicate, shard), PyTorch's fully_shard(mesh=init_device_mesh("cpu", (2, 2))).
 
 #include "parallel/ddp_test_util.h"
 #include "parallel/fsdp_test_models.h"
 #include "support/util.h"
 
+#include <ddp/distributed/device_mesh.h>
 #include <ddp/fsdp/fully_shard.h>
 
 #include <torch/optim/adam.h>
@@ -20,7 +22,6 @@ namespace fully_shard_python_test {
 
 namespace {
 
-constexpr int kWorld = 3;
 constexpr int64_t kPerRank = 2;
 constexpr int kSteps = 10;
 
@@ -30,7 +31,9 @@ at::Tensor flat(const std::vector<at::Tensor>& ts) {
   return at::cat(parts);
 }
 
-TEST(FullyShardPython, MatchesTorchFsdp2) {
+// Trains on `world` ranks, sharded over all of them (replicas == 1) or HSDP on a
+// (replicas, world / replicas) mesh, in C++ and in PyTorch, and compares the results.
+void compare(int kWorld, int replicas) {
   ddp_test::TempDir dir;
   ddp_test::TinyGptImpl init_model;
   ddp_test::init_params(init_model, 77);
@@ -49,7 +52,7 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
       ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
                                 "/tests/parallel/python/fsdp_peer.py " + dir.path() + " " +
                                 std::to_string(kWorld) + " " + std::to_string(kPerRank) + " " +
-                                std::to_string(kSteps) + " 2>&1",
+                                std::to_string(kSteps) + " " + std::to_string(replicas) + " 2>&1",
                             &output);
   if (rc == 3) GTEST_SKIP() << output;
   ASSERT_EQ(rc, 0) << output;
@@ -69,6 +72,12 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
           }
         }
         auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
+        if (replicas > 1) {
+          opts = ddp::FullyShardOptions().mesh(
+              ddp::DeviceMesh("cpu",
+                              at::arange(kWorld, at::kLong).view({replicas, kWorld / replicas}),
+                              {"replicate", "shard"}, ddp_test::borrow(pg)));
+        }
         for (size_t i = 0; i < model->blocks->size(); ++i) {
           ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
         }
@@ -94,11 +103,18 @@ TEST(FullyShardPython, MatchesTorchFsdp2) {
 
   const double diff = (cpp - py).abs().max().item<double>();
   EXPECT_LE(diff, 1e-5) << "ddp::fully_shard and PyTorch's FSDP2 differ by up to " << diff
-                        << " after " << kSteps << " Adam steps";
-  std::printf("fully_shard vs FSDP2: max |difference| %.3g after %d steps\n", diff, kSteps);
+                        << " after " << kSteps << " Adam steps (" << kWorld << " ranks, "
+                        << replicas << " replicas)";
+  std::printf(
+      "fully_shard vs FSDP2 (%d ranks, %d replicas): max |difference| %.3g after %d steps\n",
+      kWorld, replicas, diff, kSteps);
   // The comparison means something only if training moved the weights.
   EXPECT_GT((py - init).abs().max().item<double>(), 1e-2);
 }
+
+TEST(FullyShardPython, MatchesTorchFsdp2) { compare(3, 1); }
+
+TEST(FullyShardPython, HsdpMatchesTorchHsdp) { compare(4, 2); }
 
 }  // namespace
 

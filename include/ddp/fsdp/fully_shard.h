@@ -434,6 +434,9 @@ enum class FullyShardEvent {
   kResharded,              ///< its full parameters were freed; the shards are back
   kReduceScatterStarted,   ///< its full gradients were copied out and the reduce-scatter launched
   kReduceScatterFinished,  ///< the reduce-scatter was waited for; sharded gradients updated
+  /// HSDP: the reduce-scatter was waited for and the all-reduce across replicas launched
+  /// (kReduceScatterFinished follows once it is waited for, one unit's backward later).
+  kAllReduceStarted,
 };
 /// "all_gather_started", "unsharded", ...
 const char* to_string(FullyShardEvent event);

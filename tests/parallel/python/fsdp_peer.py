@@ -1,13 +1,15 @@
 """PyTorch's FSDP2 (torch.distributed.fsdp.fully_shard) on the data of
 fully_shard_python_test.cpp.
 
-  fsdp_peer.py DIR WORLD PER_RANK STEPS
+  fsdp_peer.py DIR WORLD PER_RANK STEPS [REPLICAS]
 
 Reads DIR/init.bin (the model's parameters, float32, in named_parameters order), DIR/x.bin
 and DIR/y.bin (int64 tokens and targets, [STEPS, WORLD * PER_RANK, CTX]), trains the
 test's transformer with fully_shard on each block and on the root, Adam(lr=1e-2), in WORLD
 processes (Gloo on CPUs, FileStore in DIR), and writes the full parameters after training
-to DIR/py.bin. Exits 3 (and says why) when this PyTorch has no FSDP2.
+to DIR/py.bin. With REPLICAS > 1 the mesh is 2-D, (REPLICAS, WORLD / REPLICAS): FSDP2's
+HSDP, sharding along dimension 1 and all-reducing across dimension 0. Exits 3 (and says
+why) when this PyTorch has no FSDP2.
 """
 
 import faulthandler
@@ -74,7 +76,7 @@ def read(path, dtype, shape):
     return torch.frombuffer(data, dtype=dtype).reshape(shape).clone()
 
 
-def worker(rank, d, world, per_rank, steps):
+def worker(rank, d, world, per_rank, steps, replicas):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -90,7 +92,11 @@ def worker(rank, d, world, per_rank, steps):
         for p in model.parameters():
             p.copy_(init[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
-    mesh = init_device_mesh("cpu", (world,))
+    if replicas > 1:
+        mesh = init_device_mesh("cpu", (replicas, world // replicas),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -119,13 +125,14 @@ def worker(rank, d, world, per_rank, steps):
 
 def main():
     d, world, per_rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    replicas = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except Exception as e:  # ImportError, or an older torch failing inside the package
         print(f"PyTorch {torch.__version__} has no torch.distributed.fsdp.fully_shard "
               f"(FSDP2): {type(e).__name__}: {e}")
         sys.exit(3)
-    mp.start_processes(worker, args=(d, world, per_rank, steps), nprocs=world,
+    mp.start_processes(worker, args=(d, world, per_rank, steps, replicas), nprocs=world,
                        start_method="spawn")
 
 

@@ -15,6 +15,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
+#include "distributed/global_ranks.h"
 #include "distributed/work.h"
 
 #include <ATen/ATen.h>
@@ -451,36 +452,39 @@ std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& p2p_
 
 // ---- The same on a group, or the default one ----------------------------------------
 
-namespace {
-
-std::shared_ptr<ProcessGroup> group_or_default(const std::shared_ptr<ProcessGroup>& group) {
-  return group ? group : default_group();
-}
-
-}  // namespace
+using detail::global_rank_for;
+using detail::group_or_default;
+using detail::group_rank_for;
 
 void reduce(at::Tensor& tensor, int dst, ReduceOp op, const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->reduce(tensor, dst, op);
+  group_or_default(group)->reduce(tensor, group_rank_for(group, dst, "ddp::reduce", "dst"), op);
 }
 Work reduce_async(at::Tensor& tensor, int dst, ReduceOp op,
                   const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->reduce_async(tensor, dst, op);
+  return group_or_default(group)->reduce_async(
+      tensor, group_rank_for(group, dst, "ddp::reduce_async", "dst"), op);
 }
 void gather(const at::Tensor& tensor, std::vector<at::Tensor>& gather_list, int dst,
             const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->gather(tensor, gather_list, dst);
+  group_or_default(group)->gather(tensor, gather_list,
+                                  group_rank_for(group, dst, "ddp::gather", "dst"));
 }
 Work gather_async(const at::Tensor& tensor, std::vector<at::Tensor>& gather_list, int dst,
                   const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->gather_async(tensor, gather_list, dst);
+  return group_or_default(group)->gather_async(tensor, gather_list,
+                                               group_rank_for(group, dst, "ddp::gather_async",
+                                                              "dst"));
 }
 void scatter(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src,
              const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->scatter(tensor, scatter_list, src);
+  group_or_default(group)->scatter(tensor, scatter_list,
+                                   group_rank_for(group, src, "ddp::scatter", "src"));
 }
 Work scatter_async(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src,
                    const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->scatter_async(tensor, scatter_list, src);
+  return group_or_default(group)->scatter_async(tensor, scatter_list,
+                                                group_rank_for(group, src, "ddp::scatter_async",
+                                                               "src"));
 }
 void reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& input_list, ReduceOp op,
                     const std::shared_ptr<ProcessGroup>& group) {
@@ -521,22 +525,29 @@ Work all_to_all_single_async(at::Tensor& output, const at::Tensor& input,
                                                           input_split_sizes);
 }
 void send(const at::Tensor& tensor, int dst, int tag, const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->send(tensor, dst, tag);
+  group_or_default(group)->send(tensor, group_rank_for(group, dst, "ddp::send", "dst"), tag);
 }
 int recv(at::Tensor& tensor, std::optional<int> src, int tag,
          const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->recv(tensor, src, tag);
+  std::optional<int> from;
+  if (src) from = group_rank_for(group, *src, "ddp::recv", "src");
+  return global_rank_for(group, group_or_default(group)->recv(tensor, from, tag));
 }
 Work isend(const at::Tensor& tensor, int dst, int tag, const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->isend(tensor, dst, tag);
+  return group_or_default(group)->isend(tensor, group_rank_for(group, dst, "ddp::isend", "dst"),
+                                        tag);
 }
 Work irecv(at::Tensor& tensor, std::optional<int> src, int tag,
            const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->irecv(tensor, src, tag);
+  std::optional<int> from;
+  if (src) from = group_rank_for(group, *src, "ddp::irecv", "src");
+  return group_or_default(group)->irecv(tensor, from, tag);
 }
 std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list,
                                     const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->batch_isend_irecv(p2p_op_list);
+  std::vector<P2POp> ops = p2p_op_list;
+  for (P2POp& op : ops) op.peer = group_rank_for(group, op.peer, "ddp::batch_isend_irecv", "peer");
+  return group_or_default(group)->batch_isend_irecv(ops);
 }
 
 }  // namespace ddp

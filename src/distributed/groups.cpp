@@ -5,6 +5,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
+#include "distributed/global_ranks.h"
 
 #include <algorithm>
 #include <set>
@@ -119,6 +120,32 @@ int get_global_rank(const std::shared_ptr<ProcessGroup>& group, int group_rank) 
             "get_global_rank: group rank ", group_rank, " is not in 0..", ranks.size() - 1, ".");
   return ranks[static_cast<size_t>(group_rank)];
 }
+
+namespace detail {
+
+std::shared_ptr<ProcessGroup> group_or_default(const std::shared_ptr<ProcessGroup>& group) {
+  return group ? group : default_group();
+}
+
+int group_rank_for(const std::shared_ptr<ProcessGroup>& group, int global, const char* fn,
+                   const char* what) {
+  if (!group) return global;  // the default group's ranks are the global ones
+  const auto& ranks = group->ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), global);
+  DDP_CHECK(it != ranks.end(), fn, ": ", what, " ", global,
+            " is not a rank of the group, whose global ranks are ", list_of(ranks),
+            ". The free functions take global ranks, as torch.distributed's do; the "
+            "ProcessGroup methods take ranks within the group (0..",
+            static_cast<int>(ranks.size()) - 1, ").");
+  return static_cast<int>(it - ranks.begin());
+}
+
+int global_rank_for(const std::shared_ptr<ProcessGroup>& group, int group_rank) {
+  if (!group || group_rank < 0) return group_rank;
+  return get_global_rank(group, group_rank);
+}
+
+}  // namespace detail
 
 std::vector<int> get_process_group_ranks(const std::shared_ptr<ProcessGroup>& group) {
   DDP_CHECK(group, "get_process_group_ranks got no group.");

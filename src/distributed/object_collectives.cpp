@@ -8,6 +8,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
+#include "distributed/global_ranks.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -59,10 +60,6 @@ void split_into(const at::Tensor& bytes, const int64_t* sizes, size_t n,
     into[i] = unpickle(data + at_byte, sizes[i]);
     at_byte += sizes[i];
   }
-}
-
-std::shared_ptr<ProcessGroup> group_or_default(const std::shared_ptr<ProcessGroup>& group) {
-  return group ? group : default_group();
 }
 
 }  // namespace
@@ -208,10 +205,16 @@ int ProcessGroup::recv_object_list(std::vector<c10::IValue>& object_list, std::o
 }
 
 // ---- The same on a group, or the default one ----------------------------------------
+// Note [Free functions take global ranks] (global_ranks.h).
+
+using detail::global_rank_for;
+using detail::group_or_default;
+using detail::group_rank_for;
 
 void broadcast_object_list(std::vector<c10::IValue>& object_list, int src,
                            const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->broadcast_object_list(object_list, src);
+  group_or_default(group)->broadcast_object_list(
+      object_list, group_rank_for(group, src, "ddp::broadcast_object_list", "src"));
 }
 void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue& obj,
                        const std::shared_ptr<ProcessGroup>& group) {
@@ -219,21 +222,28 @@ void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue&
 }
 void gather_object(const c10::IValue& obj, std::vector<c10::IValue>& object_gather_list, int dst,
                    const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->gather_object(obj, object_gather_list, dst);
+  group_or_default(group)->gather_object(obj, object_gather_list,
+                                         group_rank_for(group, dst, "ddp::gather_object", "dst"));
 }
 void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
                          const std::vector<c10::IValue>& scatter_object_input_list, int src,
                          const std::shared_ptr<ProcessGroup>& group) {
   group_or_default(group)->scatter_object_list(scatter_object_output_list,
-                                               scatter_object_input_list, src);
+                                               scatter_object_input_list,
+                                               group_rank_for(group, src,
+                                                              "ddp::scatter_object_list", "src"));
 }
 void send_object_list(const std::vector<c10::IValue>& object_list, int dst,
                       const std::shared_ptr<ProcessGroup>& group) {
-  group_or_default(group)->send_object_list(object_list, dst);
+  group_or_default(group)->send_object_list(object_list,
+                                            group_rank_for(group, dst, "ddp::send_object_list",
+                                                           "dst"));
 }
 int recv_object_list(std::vector<c10::IValue>& object_list, std::optional<int> src,
                      const std::shared_ptr<ProcessGroup>& group) {
-  return group_or_default(group)->recv_object_list(object_list, src);
+  std::optional<int> from;
+  if (src) from = group_rank_for(group, *src, "ddp::recv_object_list", "src");
+  return global_rank_for(group, group_or_default(group)->recv_object_list(object_list, from));
 }
 
 }  // namespace ddp

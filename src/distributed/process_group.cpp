@@ -4,6 +4,7 @@
 
 #include "distributed/common/check.h"
 #include "distributed/comm.h"
+#include "distributed/global_ranks.h"
 #include "distributed/rendezvous/rendezvous.h"
 #include "distributed/work.h"
 
@@ -280,13 +281,37 @@ std::shared_ptr<ProcessGroup> default_group() {
 
 int get_rank() { return default_group()->rank(); }
 int get_world_size() { return default_group()->size(); }
+int get_rank(const std::shared_ptr<ProcessGroup>& group) {
+  return detail::group_or_default(group)->rank();
+}
+int get_world_size(const std::shared_ptr<ProcessGroup>& group) {
+  const auto g = detail::group_or_default(group);
+  return g->is_member() ? g->size() : -1;
+}
 int get_local_rank() { return default_group()->local_rank(); }
 int get_local_world_size() { return default_group()->local_world_size(); }
 c10::Device get_device() { return default_group()->device(); }
 
-void barrier() { default_group()->barrier(); }
-void all_reduce(at::Tensor& tensor, ReduceOp op) { default_group()->all_reduce(tensor, op); }
-void broadcast(at::Tensor& tensor, int src) { default_group()->broadcast(tensor, src); }
+void barrier(const std::shared_ptr<ProcessGroup>& group) {
+  detail::group_or_default(group)->barrier();
+}
+void all_reduce(at::Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group) {
+  detail::group_or_default(group)->all_reduce(tensor, op);
+}
+Work all_reduce_async(at::Tensor& tensor, ReduceOp op, const std::shared_ptr<ProcessGroup>& group) {
+  std::vector<at::Tensor> one{tensor};
+  return detail::group_or_default(group)->all_reduce_async(one, op);
+}
+void broadcast(at::Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group) {
+  detail::group_or_default(group)->broadcast(tensor,
+                                             detail::group_rank_for(group, src, "ddp::broadcast",
+                                                                    "src"));
+}
+Work broadcast_async(at::Tensor& tensor, int src, const std::shared_ptr<ProcessGroup>& group) {
+  std::vector<at::Tensor> one{tensor};
+  return detail::group_or_default(group)->broadcast_async(
+      one, detail::group_rank_for(group, src, "ddp::broadcast_async", "src"));
+}
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
   return default_group()->all_gather(tensor);
 }
@@ -294,11 +319,13 @@ std::vector<std::string> all_gather_bytes(const std::string& bytes) {
   return default_group()->all_gather_bytes(bytes);
 }
 
-void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  default_group()->reduce_scatter_tensor(output, input, op);
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                           const std::shared_ptr<ProcessGroup>& group) {
+  detail::group_or_default(group)->reduce_scatter_tensor(output, input, op);
 }
-void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
-  default_group()->all_gather_into_tensor(output, input);
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                            const std::shared_ptr<ProcessGroup>& group) {
+  detail::group_or_default(group)->all_gather_into_tensor(output, input);
 }
 
 ProcessGroupGuard::ProcessGroupGuard(const InitOptions& options) { init_process_group(options); }

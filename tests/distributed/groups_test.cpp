@@ -5,11 +5,14 @@
 
 #include "support/harness.h"
 
+#include <ddp/distributed/default_group.h>
 #include <ddp/distributed/groups.h>
 #include <ddp/distributed/process_group.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 namespace groups_test {
 
@@ -127,6 +130,86 @@ TEST_P(GroupsTest, SubgroupsBySizeAndByEnumeration) {
                 ddp::new_subgroups(3, ddp::GroupOptions(), world);
               }).find("divide the group's size, 4"),
               std::string::npos);
+  });
+}
+
+// Note [Free functions take global ranks]: ddp::reduce(t, dst, op, group) and the other
+// free functions name ranks as torch.distributed's do, by global rank; the group's
+// methods take group ranks. Group {3, 1, 2} of 4: global 2 is group rank 2, global 3 is 0.
+TEST_P(GroupsTest, FreeFunctionsTakeGlobalRanks) {
+  run_groups(GetParam(), 4, [](std::shared_ptr<ddp::ProcessGroup> world) {
+    const int me = world->rank();
+    auto g = ddp::new_group({3, 1, 2}, ddp::GroupOptions(), world);
+    EXPECT_EQ(ddp::get_rank(g), me == 0 ? -1 : (me == 3 ? 0 : me));
+    EXPECT_EQ(ddp::get_world_size(g), me == 0 ? -1 : 3);
+    if (!g->is_member()) {
+      at::Tensor t = at::ones({2});
+      const std::string msg = ddp_test::error_of([&] { ddp::reduce(t, 3, ddp::ReduceOp::SUM, g); });
+      EXPECT_NE(msg.find("not a member of this group"), std::string::npos) << msg;
+      return;
+    }
+    const float mine = static_cast<float>(me + 1);
+    // reduce to global rank 2 (group rank 2) and to global rank 3 (group rank 0).
+    for (int dst : {2, 3}) {
+      at::Tensor t = at::full({3}, mine);
+      ddp::reduce(t, dst, ddp::ReduceOp::SUM, g);
+      if (me == dst) EXPECT_TRUE(at::equal(t, at::full({3}, sum_of({3, 1, 2})))) << dst;
+    }
+    // broadcast from global rank 1 (group rank 1).
+    at::Tensor b = at::full({2}, mine);
+    ddp::broadcast(b, 1, g);
+    EXPECT_TRUE(at::equal(b, at::full({2}, 2.0f))) << b;
+    // gather to global rank 3 (group rank 0), in group rank order.
+    std::vector<at::Tensor> got;
+    if (me == 3) got = {at::empty({1}), at::empty({1}), at::empty({1})};
+    ddp::gather(at::full({1}, mine), got, 3, g);
+    if (me == 3) {
+      EXPECT_EQ(got[0].item<float>(), 4.0f);
+      EXPECT_EQ(got[1].item<float>(), 2.0f);
+      EXPECT_EQ(got[2].item<float>(), 3.0f);
+    }
+    // scatter from global rank 2.
+    std::vector<at::Tensor> parts;
+    if (me == 2) parts = {at::full({1}, 10.0f), at::full({1}, 11.0f), at::full({1}, 12.0f)};
+    at::Tensor part = at::empty({1});
+    ddp::scatter(part, parts, 2, g);
+    EXPECT_EQ(part.item<float>(), 10.0f + static_cast<float>(g->rank()));
+    // send from global 1 to global 3; recv from any source returns the global sender
+    // (a tag of its own: the ring below may already be sending to rank 3).
+    if (me == 1) ddp::send(at::full({1}, 7.0f), 3, 5, g);
+    if (me == 3) {
+      at::Tensor r = at::empty({1});
+      EXPECT_EQ(ddp::recv(r, std::nullopt, 5, g), 1);
+      EXPECT_EQ(r.item<float>(), 7.0f);
+    }
+    // A ring by global ranks 3 -> 1 -> 2 -> 3 with batch_isend_irecv.
+    const std::vector<int> ring{3, 1, 2};
+    const auto pos = std::find(ring.begin(), ring.end(), me) - ring.begin();
+    const int next = ring[static_cast<size_t>((pos + 1) % 3)];
+    const int prev = ring[static_cast<size_t>((pos + 2) % 3)];
+    at::Tensor in = at::empty({1});
+    std::vector<ddp::P2POp> ops{ddp::P2POp(ddp::P2POp::ISEND, at::full({1}, mine), next),
+                                ddp::P2POp(ddp::P2POp::IRECV, in, prev)};
+    for (auto& w : ddp::batch_isend_irecv(ops, g)) w.wait();
+    EXPECT_EQ(in.item<float>(), static_cast<float>(prev + 1));
+    // Objects: from global rank 2; and to global rank 1 from global 3.
+    std::vector<c10::IValue> objs{c10::IValue(std::string(me == 2 ? "from two" : "?"))};
+    ddp::broadcast_object_list(objs, 2, g);
+    EXPECT_EQ(objs[0].toStringRef(), "from two");
+    if (me == 3) ddp::send_object_list({c10::IValue(int64_t{33})}, 1, g);
+    if (me == 1) {
+      std::vector<c10::IValue> one(1);
+      EXPECT_EQ(ddp::recv_object_list(one, 3, g), 3);
+      EXPECT_EQ(one[0].toInt(), 33);
+    }
+    // A global rank outside the group is refused with both conventions named.
+    at::Tensor t = at::ones({1});
+    const std::string msg = ddp_test::error_of([&] { ddp::reduce(t, 0, ddp::ReduceOp::SUM, g); });
+    EXPECT_NE(msg.find("dst 0 is not a rank of the group, whose global ranks are [3, 1, 2]"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("take global ranks"), std::string::npos) << msg;
+    g->barrier();
   });
 }
 

@@ -72,48 +72,62 @@ class ZeroEquivalenceTest
 // 20 steps of DDP + ZeRO and of DDP + the plain optimizer from the same weights on the
 // same batches, with the lr halved half way through param_groups() (as an LR scheduler
 // does): the same bits in every parameter, and every rank holds the same parameters.
+void expect_equivalent(const std::string& kind, ParameterSync sync, ddp::ProcessGroup& pg) {
+  auto plain_model = zero_test::make_wide(7);
+  auto zero_model = zero_test::make_wide(7);
+  auto plain_ddp = ddp::DistributedDataParallel(plain_model, ddp_options(pg));
+  auto zero_ddp = ddp::DistributedDataParallel(zero_model, ddp_options(pg));
+  auto plain = zero_test::make_plain(kind, plain_model->parameters());
+  auto zero = zero_test::make_zero(kind, zero_model->parameters(), zero_options(pg, sync));
+  std::string first_split;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    if (step == kSteps / 2) {
+      for (torch::optim::Optimizer* opt :
+           {plain.get(), static_cast<torch::optim::Optimizer*>(zero.get())}) {
+        auto& options = opt->param_groups()[0].options();
+        options.set_lr(options.get_lr() / 2);
+      }
+    }
+    zero_test::backward_step(plain_ddp, *plain, pg.rank(), step);
+    zero_test::backward_step(zero_ddp, *zero, pg.rank(), step);
+    // Where the two runs part, if they do: in the gradients (DDP) or in the update.
+    if (first_split.empty()) {
+      const std::string grad = zero_test::first_difference(*zero_model, *plain_model, true);
+      if (!grad.empty())
+        first_split = grad + "'s gradient differs first, at step " + std::to_string(step);
+    }
+    plain->step();
+    zero->step();
+    if (first_split.empty()) {
+      const std::string param = zero_test::first_difference(*zero_model, *plain_model, false);
+      if (!param.empty()) {
+        first_split = param + " differs first, after the update of step " + std::to_string(step) +
+                      " (the gradients were equal)";
+      }
+    }
+  }
+  zero_test::expect_same_params(*zero_model, *plain_model,
+                                kind + " at rank " + std::to_string(pg.rank()) + " (" +
+                                    (first_split.empty() ? "never split" : first_split) + ")");
+  zero_test::expect_same_on_every_rank(pg, *zero_model);
+  zero_test::expect_same_on_every_rank(pg, *plain_model);
+}
+
 TEST_P(ZeroEquivalenceTest, TwentyStepsMatchThePlainOptimizerBitForBit) {
   const auto [kind, world, sync] = GetParam();
   run_thread_groups(world, [&, kind = kind, sync = sync](ddp::ProcessGroup& pg) {
-    auto plain_model = zero_test::make_wide(7);
-    auto zero_model = zero_test::make_wide(7);
-    auto plain_ddp = ddp::DistributedDataParallel(plain_model, ddp_options(pg));
-    auto zero_ddp = ddp::DistributedDataParallel(zero_model, ddp_options(pg));
-    auto plain = zero_test::make_plain(kind, plain_model->parameters());
-    auto zero = zero_test::make_zero(kind, zero_model->parameters(), zero_options(pg, sync));
-    std::string first_split;
-    for (int64_t step = 0; step < kSteps; ++step) {
-      if (step == kSteps / 2) {
-        for (torch::optim::Optimizer* opt :
-             {plain.get(), static_cast<torch::optim::Optimizer*>(zero.get())}) {
-          auto& options = opt->param_groups()[0].options();
-          options.set_lr(options.get_lr() / 2);
-        }
-      }
-      zero_test::backward_step(plain_ddp, *plain, pg.rank(), step);
-      zero_test::backward_step(zero_ddp, *zero, pg.rank(), step);
-      // Where the two runs part, if they do: in the gradients (DDP) or in the update.
-      if (first_split.empty()) {
-        const std::string grad = zero_test::first_difference(*zero_model, *plain_model, true);
-        if (!grad.empty())
-          first_split = grad + "'s gradient differs first, at step " + std::to_string(step);
-      }
-      plain->step();
-      zero->step();
-      if (first_split.empty()) {
-        const std::string param = zero_test::first_difference(*zero_model, *plain_model, false);
-        if (!param.empty()) {
-          first_split = param + " differs first, after the update of step " + std::to_string(step) +
-                        " (the gradients were equal)";
-        }
-      }
-    }
-    zero_test::expect_same_params(*zero_model, *plain_model,
-                                  kind + " at rank " + std::to_string(pg.rank()) + " (" +
-                                      (first_split.empty() ? "never split" : first_split) + ")");
-    zero_test::expect_same_on_every_rank(pg, *zero_model);
-    zero_test::expect_same_on_every_rank(pg, *plain_model);
+    expect_equivalent(kind, sync, pg);
   });
+}
+
+// On groups made by new_subgroups: two 3-rank jobs at once, the second on global ranks
+// 3 to 5 (the broadcasts' roots are group ranks there).
+TEST(ZeroSubgroupTest, TwoJobsOnSubgroupsMatchThePlainOptimizer) {
+  for (ParameterSync sync : {ParameterSync::kBroadcast, ParameterSync::kAllGather}) {
+    ddp_test::run_subgroup_copies(3, [&](ddp::ProcessGroup& pg) {
+      expect_equivalent("adam", sync, pg);
+    });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -288,6 +288,19 @@ TEST_P(JoinTest, BufferBroadcastFollowsTheLowestRankStillTraining) {
   });
 }
 
+// Join on groups made by new_subgroups: two 3-rank jobs at once in 6 ranks, each with
+// uneven batches, each equal to its single-process average.
+TEST(JoinSubgroupTest, UnevenBatchesOnTwoSubgroupsAtOnce) {
+  const Variant v{3, 2, false};
+  const auto want = reference<ddp_test::Mlp>(ddp_test::Mlp(), v, plain_loss);
+  ddp_test::run_subgroup_copies(v.world, [&](ddp::ProcessGroup& pg) {
+    const auto got =
+        train_joined<ddp_test::Mlp>(pg, ddp_test::Mlp(), v, options_for(pg), plain_ddp_loss);
+    expect_close(got, want, 1e-5);
+    expect_same_everywhere(pg, got);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Uneven, JoinTest,
                          ::testing::Values(Variant{2, 3, true}, Variant{2, 3, false},
                                            Variant{3, 3, true}, Variant{3, 3, false},

@@ -218,6 +218,17 @@ TEST(FullyShard, MlpWithOddSizesMatchesDdpAt2And3Ranks) {
   }
 }
 
+// fully_shard, DDP and clip_grad_norm_ on groups made by new_subgroups: two 2-rank jobs
+// at once, whose second runs on global ranks 2 and 3.
+TEST(FullyShard, OnSubgroupsMatchesDdp) {
+  Config c;
+  c.world = 2;
+  c.clip = true;
+  ddp_test::run_subgroup_copies(
+      2, [&](ddp::ProcessGroup& pg) { train_pair<TinyGptImpl>(c, pg, "subgroups"); },
+      std::chrono::seconds(120));
+}
+
 TEST(FullyShard, WithoutReshardAfterForwardMatchesDdp) {
   Config c;
   c.world = 3;
@@ -402,34 +413,41 @@ TEST(FullyShard, EvalForwardFreesEveryUnitAndTrainingGoesOn) {
 // only. With GradScalerOptions::process_group every rank skips that step; without it
 // (the control) the ranks would part ways.
 TEST(FullyShard, GradScalerSkipsTheSameStepsOnEveryRank) {
-  for (bool shared_flag : {true, false}) {
-    run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-      Config c;
-      c.transformer = false;
-      auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(make_model(c));
-      auto fsdp = shard_model(model, c, pg);
-      torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
-      ddp::amp::GradScaler scaler(
-          ddp::amp::GradScalerOptions().process_group(shared_flag ? borrow(pg) : nullptr));
-      at::Tensor x = batch_input(c, 0, 0, pg.rank());
-      scaler.scale(loss_of(c, fsdp(x), 0, 0, pg.rank())).backward();
-      // An overflow in rank 0's rows of the first layer's weight only.
-      if (pg.rank() == 0) {
-        at::NoGradGuard no_grad;
-        model->named_parameters()["0.weight"].mutable_grad()[0][0] =
-            std::numeric_limits<float>::infinity();
-      }
-      std::vector<at::Tensor> before;
-      for (const auto& p : fsdp->parameters()) before.push_back(p.detach().clone());
-      scaler.step(opt);
-      scaler.update();
-      bool changed = false;
-      const auto after = fsdp->parameters();
-      for (size_t i = 0; i < after.size(); ++i) changed |= !at::equal(after[i], before[i]);
-      const bool expect_skip = shared_flag || pg.rank() == 0;
-      EXPECT_EQ(changed, !expect_skip) << "rank " << pg.rank() << ", shared flag " << shared_flag;
-      EXPECT_EQ(scaler.get_scale(), expect_skip ? 32768.0 : 65536.0) << "rank " << pg.rank();
-    });
+  // And on groups made by new_subgroups (two 2-rank jobs at once), with the flag shared.
+  for (int round = 0; round < 3; ++round) {
+    const bool shared_flag = round != 1;
+    auto run = round == 2 ? ddp_test::run_subgroup_copies : run_thread_groups;
+    run(
+        2,
+        [&](ddp::ProcessGroup& pg) {
+          Config c;
+          c.transformer = false;
+          auto model = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(make_model(c));
+          auto fsdp = shard_model(model, c, pg);
+          torch::optim::Adam opt(fsdp->parameters(), torch::optim::AdamOptions(1e-2));
+          ddp::amp::GradScaler scaler(
+              ddp::amp::GradScalerOptions().process_group(shared_flag ? borrow(pg) : nullptr));
+          at::Tensor x = batch_input(c, 0, 0, pg.rank());
+          scaler.scale(loss_of(c, fsdp(x), 0, 0, pg.rank())).backward();
+          // An overflow in rank 0's rows of the first layer's weight only.
+          if (pg.rank() == 0) {
+            at::NoGradGuard no_grad;
+            model->named_parameters()["0.weight"].mutable_grad()[0][0] =
+                std::numeric_limits<float>::infinity();
+          }
+          std::vector<at::Tensor> before;
+          for (const auto& p : fsdp->parameters()) before.push_back(p.detach().clone());
+          scaler.step(opt);
+          scaler.update();
+          bool changed = false;
+          const auto after = fsdp->parameters();
+          for (size_t i = 0; i < after.size(); ++i) changed |= !at::equal(after[i], before[i]);
+          const bool expect_skip = shared_flag || pg.rank() == 0;
+          EXPECT_EQ(changed, !expect_skip)
+              << "rank " << pg.rank() << ", shared flag " << shared_flag;
+          EXPECT_EQ(scaler.get_scale(), expect_skip ? 32768.0 : 65536.0) << "rank " << pg.rank();
+        },
+        std::chrono::seconds(30));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"
 
+#include <ddp/distributed/groups.h>
 #include <ddp/nn/sync_batchnorm.h>
 
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -348,8 +349,8 @@ TEST(SyncBatchNormCommTest, WorldSizeOneAndNoGroupAreBatchNorm) {
 }
 
 TEST(SyncBatchNormCommTest, SubgroupsNormaliseOnlyTheirOwnRanks) {
-  // Four ranks in two groups of two ({0, 1} and {2, 3}): each pair's result is one
-  // BatchNorm over that pair's batch, not over all four.
+  // Four ranks in two groups of two made by new_subgroups ({0, 1} and {2, 3}): each
+  // pair's result is one BatchNorm over that pair's batch, not over all four.
   Case c = named("Subgroup", 2, Layout::kNCL);
   c.sizes = {2, 3};
   std::vector<at::Tensor> xs[2], gs[2];
@@ -358,11 +359,10 @@ TEST(SyncBatchNormCommTest, SubgroupsNormaliseOnlyTheirOwnRanks) {
     make_data(c, 200 + 10 * pair, &xs[pair], &gs[pair]);
     refs[pair] = reference(c, xs[pair], gs[pair]);
   }
-  ddp_test::TempDir dirs[2];
-  ddp_test::run_threads(4, [&](int rank) {
-    const int pair = rank / 2, member = rank % 2;
-    auto pg = ddp::ProcessGroup::create(ddp_test::file_init(dirs[pair], member, 2));
-    check_rank(c, *pg, member, xs[pair], gs[pair], refs[pair]);
+  ddp_test::run_thread_groups(4, [&](ddp::ProcessGroup& world) {
+    const int pair = world.rank() / 2;
+    auto mine = ddp::new_subgroups(2, ddp::GroupOptions(), borrow(world)).first;
+    check_rank(c, *mine, mine->rank(), xs[pair], gs[pair], refs[pair]);
   });
 }
 
@@ -666,6 +666,32 @@ TEST_P(SyncBatchNormDdpTest, TrainingEqualsOneProcessOnTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SyncBatchNormDdpTest, ::testing::Values(2, 3));
+
+// DDP with SyncBatchNorm, both on a group made by new_subgroups: two 2-rank jobs at once,
+// each equal to one process on its whole batch.
+TEST(SyncBatchNormDdpSubgroupTest, TwoJobsOnSubgroupsEachEqualOneProcess) {
+  constexpr int world = 2;
+  const at::Tensor x = ddp_test::randn({kSteps, world * kPerRank, 1, 8, 8}, 43);
+  const at::Tensor y = ddp_test::randn({kSteps, world * kPerRank, 3}, 44);
+  ConvBnNet ref;
+  ddp_test::init_params(*ref, 45);
+  train(
+      ref, [&](const at::Tensor& xs) { return ref->forward(xs); }, x, y);
+  ddp_test::run_subgroup_copies(world, [&](ddp::ProcessGroup& pg) {
+    const int r = pg.rank();
+    ConvBnNet net;
+    ddp_test::init_params(*net, 45);
+    ddp::convert_sync_batchnorm(net, borrow(pg));
+    auto dmodel = ddp::DistributedDataParallel(net, ddp_test::options_for(pg));
+    train(
+        net, [&](const at::Tensor& in) { return dmodel(in); }, x.narrow(1, r * kPerRank, kPerRank),
+        y.narrow(1, r * kPerRank, kPerRank));
+    const auto params = net->named_parameters();
+    const auto buffers = net->named_buffers();
+    for (const auto& p : ref->named_parameters()) expect_close(params[p.key()], p.value(), p.key());
+    for (const auto& b : ref->named_buffers()) expect_close(buffers[b.key()], b.value(), b.key());
+  });
+}
 
 // ---- A converted model's state dict in PyTorch --------------------------------------------
 

@@ -1,5 +1,7 @@
 #include "support/harness.h"
 
+#include <ddp/distributed/groups.h>
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -172,6 +174,30 @@ void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup&)>&
     pg->barrier();
     fn(*pg);
   });
+}
+
+void run_subgroup_copies(int world, const std::function<void(ddp::ProcessGroup&)>& fn,
+                         std::chrono::milliseconds timeout) {
+  run_thread_groups(
+      2 * world,
+      [&](ddp::ProcessGroup& parent) {
+        auto all = borrow(parent);
+        const auto mine = ddp::new_subgroups(world, ddp::GroupOptions(), all).first;
+        std::vector<std::vector<int>> pairs;
+        for (int r = 0; r < world; ++r) pairs.push_back({r, r + world});
+        const auto across =
+            ddp::new_subgroups_by_enumeration(pairs, ddp::GroupOptions(), all).first;
+        fn(*mine);
+        at::Tensor t = at::full({1}, static_cast<float>(parent.rank()));
+        across->all_reduce(t);
+        const float want = static_cast<float>(2 * (parent.rank() % world) + world);
+        if (t.item<float>() != want) {
+          throw std::runtime_error("run_subgroup_copies: the group across the copies summed " +
+                                   std::to_string(t.item<float>()) + ", not " +
+                                   std::to_string(want));
+        }
+      },
+      timeout);
 }
 
 namespace {

@@ -87,6 +87,14 @@ void run_threads(int world, const std::function<void(int rank)>& fn);
 void run_thread_groups(int world, const std::function<void(ddp::ProcessGroup& pg)>& fn,
                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+/// Two copies of a `world`-rank run_thread_groups job at once, on groups made by
+/// ddp::new_subgroups: 2 * world threads, the first copy on global ranks [0, world), the
+/// second on [world, 2 * world) (whose group ranks are not their global ones). fn gets
+/// this thread's subgroup. Afterwards a third group, {r, r + world}, all-reduces across
+/// the copies (checked), so that the subgroups were not the only groups in use.
+void run_subgroup_copies(int world, const std::function<void(ddp::ProcessGroup& pg)>& fn,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
 struct ProcessResult {
   int rank = 0;
   int exit_code = 0;   // 128 + signal when killed

@@ -37,26 +37,41 @@ std::shared_ptr<ProcessGroup> default_group();
 
 int get_rank();
 int get_world_size();
+/// torch.distributed.get_rank(group): this process's rank within `group` (the default
+/// group when null), -1 when it is not a member.
+int get_rank(const std::shared_ptr<ProcessGroup>& group);
+/// torch.distributed.get_world_size(group): `group`'s size (the default group when
+/// null), -1 on a rank that is not a member.
+int get_world_size(const std::shared_ptr<ProcessGroup>& group);
 int get_local_rank();
 int get_local_world_size();
 /// The device to move the model to (lesson step 4): cuda:local_rank under "nccl".
 c10::Device get_device();
 
-void barrier();
+/// The collectives below run on `group`, or on the default group when it is null
+/// (Python's group=None). Note [Free functions take global ranks]: a `src`, `dst` or
+/// P2POp peer is a global rank (a rank of the default group), as in torch.distributed,
+/// also with a group; recv and recv_object_list return the sender's global rank. The
+/// ProcessGroup methods of the same names take ranks within the group, as c10d's do.
+void barrier(const std::shared_ptr<ProcessGroup>& group = nullptr);
 /// ProcessGroup::monitored_barrier on the default group, with its timeout.
 void monitored_barrier();
 /// ProcessGroup::monitored_barrier on the default group.
 void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks = true);
-void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM);
-void broadcast(at::Tensor& tensor, int src = 0);
+void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
+                const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
+                      const std::shared_ptr<ProcessGroup>& group = nullptr);
+void broadcast(at::Tensor& tensor, int src = 0,
+               const std::shared_ptr<ProcessGroup>& group = nullptr);
+Work broadcast_async(at::Tensor& tensor, int src = 0,
+                     const std::shared_ptr<ProcessGroup>& group = nullptr);
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
 std::vector<std::string> all_gather_bytes(const std::string& bytes);
-void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
-                           ReduceOp op = ReduceOp::SUM);
-void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
-
-// The collectives above on `group`, or on the default group when it is null (Python's
-// group=None). Each is the ProcessGroup method of the same name.
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM,
+                           const std::shared_ptr<ProcessGroup>& group = nullptr);
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                            const std::shared_ptr<ProcessGroup>& group = nullptr);
 void reduce(at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,
             const std::shared_ptr<ProcessGroup>& group = nullptr);
 Work reduce_async(at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,

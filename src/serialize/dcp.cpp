@@ -1,0 +1,563 @@
+// ddp::dcp: PyTorch's Distributed Checkpoint format, both ways.
+//
+// Note [DCP save]
+// Each rank of the group writes its items to __<rank>_0.distcp: every chunk a complete
+// torch.save archive (a tensor of exactly the chunk's sizes), every object the
+// torch.save of its value, one after another; their places become its part of the
+// metadata. The parts travel to rank 0 as pickled Metadata (the same writer and reader as
+// the file), with each rank's verdict; rank 0 merges them, checks that the ranks agree on
+// every key's dtype and size, writes .metadata atomically and tells every rank the
+// outcome. Tensors that every rank holds whole (and objects) are written by rank 0 only,
+// as DCP's planner deduplicates them.
+//
+// Note [DCP load]
+// The metadata is read with the restricted pickle reader (Note [DCP metadata]). For each
+// tensor of the state, the saved chunks that meet its block are read (a byte range each,
+// bounded by its file's size), checked against the metadata (a tensor, of the chunk's
+// sizes and the key's dtype) and their common part staged. The chunks of a key must not
+// overlap, and those that meet a block must cover it. Only when every key is staged are
+// the copies made.
+
+#include <ddp/serialize/dcp.h>
+
+#include "distributed/common/check.h"
+#include "formats/atomic_file.h"
+#include "formats/dcp_metadata.h"
+#include "formats/pickle_io.h"
+#include "fsdp/shard_unit.h"
+
+#include <ddp/distributed/default_group.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+namespace ddp {
+namespace dcp {
+namespace {
+
+namespace md = ::ddp::detail::dcp;
+
+constexpr const char* kMetadataFile = ".metadata";
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string shape_of(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// A data file written from the start; close() fsyncs it.
+class DataFile {
+ public:
+  DataFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    DDP_CHECK(fd_ >= 0, "ddp::dcp::save: cannot create '", path_, "': ", std::strerror(errno));
+  }
+  ~DataFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int64_t append(const std::vector<char>& bytes) {
+    const int64_t at = size_;
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      DDP_CHECK(n > 0, "ddp::dcp::save: cannot write '", path_, "': ", std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+    size_ += static_cast<int64_t>(bytes.size());
+    return at;
+  }
+  void close() {
+    DDP_CHECK(::fsync(fd_) == 0, "ddp::dcp::save: cannot sync '", path_, "': ",
+              std::strerror(errno));
+    DDP_CHECK(::close(fd_) == 0, "ddp::dcp::save: cannot close '", path_, "': ",
+              std::strerror(errno));
+    fd_ = -1;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+std::shared_ptr<ProcessGroup> save_group(const SaveOptions& options) {
+  if (options.process_group()) return options.process_group();
+  return is_initialized() ? default_group() : nullptr;
+}
+
+md::Storage stored(int64_t offset, const std::vector<char>& bytes, const std::string& name) {
+  return md::Storage{name, offset, static_cast<int64_t>(bytes.size())};
+}
+
+// This rank's items: written to `file`, described in the returned (partial) metadata.
+md::Metadata write_items(const StateDict& state, int rank, const std::string& dir,
+                         const std::string& name) {
+  md::Metadata meta;
+  DataFile file(join(dir, name));
+  for (const std::string& key : state.keys()) {
+    const StateDict::Item& item = state.item(key);
+    md::Entry e;
+    e.path.clear();
+    for (const auto& p : item.path) e.path.push_back(md::PathPart{p, std::nullopt});
+    if (item.kind == StateDict::Item::kObject) {
+      if (rank != 0) continue;
+      const std::vector<char> bytes = detail::pickle(item.value);
+      e.is_tensor = false;
+      e.object_storage = stored(file.append(bytes), bytes, name);
+    } else {
+      const at::Tensor& t = item.tensor;
+      e.is_tensor = true;
+      e.dtype = t.scalar_type();
+      e.requires_grad = t.requires_grad();
+      md::dtype_name(e.dtype);  // throws for a dtype DCP cannot name
+      const bool shard = item.kind == StateDict::Item::kShard;
+      e.size = shard ? item.global_size : t.sizes().vec();
+      const bool writes = shard ? t.numel() > 0 || (rank == 0 && at::empty(e.size).numel() == 0)
+                                : rank == 0;
+      if (writes) {
+        md::Chunk c{shard ? item.offsets : std::vector<int64_t>(e.size.size(), 0), t.sizes().vec()};
+        const std::vector<char> bytes = detail::pickle(detail::cpu_copy(t.detach()));
+        e.chunks.push_back(std::move(c));
+        e.chunk_storage.push_back(stored(file.append(bytes), bytes, name));
+      }
+    }
+    meta.keys.push_back(key);
+    meta.entries.emplace(key, std::move(e));
+  }
+  file.close();
+  return meta;
+}
+
+// The parts of every rank put together; throws naming the key where ranks disagree.
+md::Metadata merge(const std::vector<md::Metadata>& parts) {
+  md::Metadata all;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    for (const std::string& key : parts[r].keys) {
+      const md::Entry& e = parts[r].entries.at(key);
+      auto it = all.entries.find(key);
+      if (it == all.entries.end()) {
+        all.keys.push_back(key);
+        all.entries.emplace(key, e);
+        continue;
+      }
+      md::Entry& have = it->second;
+      DDP_CHECK(have.is_tensor == e.is_tensor, "ddp::dcp::save: key '", key,
+                "' is a tensor on one rank and an object on rank ", r,
+                "; every rank must add the same keys.");
+      if (!e.is_tensor) continue;
+      DDP_CHECK(have.size == e.size && have.dtype == e.dtype, "ddp::dcp::save: key '", key,
+                "' is a ", c10::toString(have.dtype), " tensor of size ", shape_of(have.size),
+                " on one rank but ", c10::toString(e.dtype), " of size ", shape_of(e.size),
+                " on rank ", r, "; every rank must describe the same tensor.");
+      have.chunks.insert(have.chunks.end(), e.chunks.begin(), e.chunks.end());
+      have.chunk_storage.insert(have.chunk_storage.end(), e.chunk_storage.begin(),
+                                e.chunk_storage.end());
+    }
+  }
+  return all;
+}
+
+// ---- reading ------------------------------------------------------------------------
+
+// Reads [offset, offset + length) of the data file `relative` in `dir`, refusing a path
+// that leaves the folder and a range past the file's end.
+std::string read_range(const std::string& dir, const md::Storage& s, const std::string& key,
+                       const std::string& where) {
+  const std::string& rel = s.relative_path;
+  bool climbs = rel.empty() || rel[0] == '/' || rel.find('\0') != std::string::npos;
+  size_t start = 0;
+  while (!climbs && start <= rel.size()) {
+    const size_t end = std::min(rel.find('/', start), rel.size());
+    const std::string part = rel.substr(start, end - start);
+    if (part == ".." || part.empty() || part == ".") climbs = true;
+    start = end + 1;
+  }
+  DDP_CHECK(!climbs, where, ": key '", key, "' names the data file '", rel,
+            "', which is not a plain name inside the checkpoint folder; refusing to read it.");
+  const std::string path = join(dir, rel);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DDP_CHECK(fd >= 0, where, ": key '", key, "' is stored in '", path,
+            "', which cannot be opened: ", std::strerror(errno),
+            ". The checkpoint is incomplete; save it again or use another one.");
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  std::string bytes;
+  std::string error;
+  if (!stat_ok) {
+    error = std::string("cannot stat it: ") + std::strerror(errno);
+  } else if (s.offset > st.st_size || s.length > st.st_size - s.offset) {
+    error = "it has " + std::to_string(st.st_size) + " bytes, but the metadata places the item at [" +
+            std::to_string(s.offset) + ", " + std::to_string(s.offset + s.length) +
+            "): the file is truncated or the metadata damaged";
+  } else {
+    bytes.resize(static_cast<size_t>(s.length));
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::pread(fd, &bytes[done], bytes.size() - done,
+                                static_cast<off_t>(s.offset + static_cast<int64_t>(done)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        error = std::string("reading it failed: ") + (n < 0 ? std::strerror(errno) : "early end");
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  DDP_CHECK(error.empty(), where, ": key '", key, "' in '", path, "': ", error, ".");
+  return bytes;
+}
+
+md::Metadata read_metadata_of(const std::string& dir, const std::string& where) {
+  const std::string path = join(dir, kMetadataFile);
+  DDP_CHECK(detail::file_exists(path), where, ": '", dir,
+            "' has no .metadata: it is not a DCP checkpoint, or one whose save did not finish "
+            "(.metadata is written last). Load another checkpoint.");
+  const std::string bytes = detail::read_file(path);
+  try {
+    return md::read_metadata(bytes, where + " ('" + path + "')");
+  } catch (const std::runtime_error& e) {
+    detail::throw_error(e.what());
+  }
+}
+
+// The saved chunk `c` of key `key`, checked against the metadata.
+at::Tensor read_chunk(const std::string& dir, const md::Entry& e, size_t c, const std::string& key,
+                      const std::string& where) {
+  const md::Storage& s = e.chunk_storage[c];
+  const std::string bytes = read_range(dir, s, key, where);
+  const std::string what = where + ": key '" + key + "', chunk at " + shape_of(e.chunks[c].offsets) +
+                           " in '" + s.relative_path + "'";
+  c10::IValue v;
+  try {
+    v = detail::unpickle(bytes, what);
+  } catch (const std::exception& ex) {
+    detail::throw_error(std::string(ex.what()));
+  }
+  DDP_CHECK(v.isTensor(), what, ": holds a ", v.tagKind(), ", not a tensor.");
+  at::Tensor t = v.toTensor();
+  DDP_CHECK(t.sizes().vec() == e.chunks[c].sizes, what, ": the tensor has size ",
+            shape_of(t.sizes().vec()), ", but the metadata says ", shape_of(e.chunks[c].sizes), ".");
+  DDP_CHECK(t.scalar_type() == e.dtype, what, ": the tensor is ", c10::toString(t.scalar_type()),
+            ", but the metadata says ", c10::toString(e.dtype), ".");
+  return t;
+}
+
+int64_t volume(const std::vector<int64_t>& sizes) {
+  int64_t v = 1;
+  for (int64_t s : sizes) v *= s;
+  return v;
+}
+
+void check_no_overlap(const md::Entry& e, const std::string& key, const std::string& where) {
+  for (size_t a = 0; a < e.chunks.size(); ++a) {
+    for (size_t b = a + 1; b < e.chunks.size(); ++b) {
+      bool meet = volume(e.chunks[a].sizes) > 0 && volume(e.chunks[b].sizes) > 0;
+      for (size_t d = 0; meet && d < e.size.size(); ++d) {
+        const int64_t lo = std::max(e.chunks[a].offsets[d], e.chunks[b].offsets[d]);
+        const int64_t hi = std::min(e.chunks[a].offsets[d] + e.chunks[a].sizes[d],
+                                    e.chunks[b].offsets[d] + e.chunks[b].sizes[d]);
+        meet = lo < hi;
+      }
+      DDP_CHECK(!meet, where, ": key '", key, "' has chunks at ", shape_of(e.chunks[a].offsets),
+                " and ", shape_of(e.chunks[b].offsets), " that overlap; the metadata is damaged.");
+    }
+  }
+}
+
+// The block [offsets, offsets + sizes) of key `key`, put together from the saved chunks
+// that meet it.
+at::Tensor read_block(const std::string& dir, const md::Entry& e, const std::vector<int64_t>& offsets,
+                      const std::vector<int64_t>& sizes, const std::string& key,
+                      const std::string& where) {
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(e.dtype));
+  int64_t covered = 0;
+  for (size_t c = 0; c < e.chunks.size(); ++c) {
+    const md::Chunk& ch = e.chunks[c];
+    std::vector<int64_t> lo(sizes.size()), hi(sizes.size());
+    bool meet = true;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      lo[d] = std::max(offsets[d], ch.offsets[d]);
+      hi[d] = std::min(offsets[d] + sizes[d], ch.offsets[d] + ch.sizes[d]);
+      meet = meet && lo[d] < hi[d];
+    }
+    if (!meet) continue;
+    const at::Tensor saved = read_chunk(dir, e, c, key, where);
+    at::Tensor src = saved, dst = out;
+    int64_t n = 1;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const int64_t dim = static_cast<int64_t>(d);
+      src = src.narrow(dim, lo[d] - ch.offsets[d], hi[d] - lo[d]);
+      dst = dst.narrow(dim, lo[d] - offsets[d], hi[d] - lo[d]);
+      n *= hi[d] - lo[d];
+    }
+    dst.copy_(src);
+    covered += n;
+  }
+  DDP_CHECK(covered == volume(sizes), where, ": key '", key, "': the saved chunks cover ", covered,
+            " of the ", volume(sizes), " elements of the block at ", shape_of(offsets), " of size ",
+            shape_of(sizes), "; the checkpoint is missing a part of this tensor.");
+  return out;
+}
+
+}  // namespace
+
+// ---- StateDict ----------------------------------------------------------------------
+
+StateDict& StateDict::add(const std::string& key, Item item) {
+  DDP_CHECK(!key.empty(), "ddp::dcp::StateDict: a key must not be empty.");
+  DDP_CHECK(!items_.count(key), "ddp::dcp::StateDict: key '", key, "' was added twice.");
+  if (item.path.empty()) item.path = {key};
+  order_.push_back(key);
+  items_.emplace(key, std::move(item));
+  return *this;
+}
+
+StateDict& StateDict::add_tensor(const std::string& key, at::Tensor tensor) {
+  DDP_CHECK(tensor.defined(), "ddp::dcp::StateDict: key '", key, "' got an undefined tensor.");
+  Item item;
+  item.kind = Item::kTensor;
+  item.tensor = std::move(tensor);
+  return add(key, std::move(item));
+}
+
+StateDict& StateDict::add_shard(const std::string& key, at::Tensor local,
+                                std::vector<int64_t> global_size, std::vector<int64_t> offsets) {
+  DDP_CHECK(local.defined(), "ddp::dcp::StateDict: key '", key, "' got an undefined tensor.");
+  DDP_CHECK(offsets.size() == global_size.size() &&
+                static_cast<int64_t>(global_size.size()) == local.dim(),
+            "ddp::dcp::StateDict: key '", key, "': the block has ", local.dim(),
+            " dimensions, the global size ", global_size.size(), " and the offsets ", offsets.size(),
+            "; give all three the tensor's number of dimensions.");
+  for (size_t d = 0; d < offsets.size(); ++d) {
+    DDP_CHECK(offsets[d] >= 0 && offsets[d] + local.size(static_cast<int64_t>(d)) <= global_size[d],
+              "ddp::dcp::StateDict: key '", key, "': the block of size ", shape_of(local.sizes().vec()),
+              " at ", shape_of(offsets), " reaches outside the global size ", shape_of(global_size),
+              ".");
+  }
+  Item item;
+  item.kind = Item::kShard;
+  item.tensor = std::move(local);
+  item.global_size = std::move(global_size);
+  item.offsets = std::move(offsets);
+  return add(key, std::move(item));
+}
+
+StateDict& StateDict::add_object(const std::string& key, c10::IValue value) {
+  Item item;
+  item.kind = Item::kObject;
+  item.value = std::move(value);
+  return add(key, std::move(item));
+}
+
+StateDict& StateDict::add_model(const torch::nn::Module& model, const std::string& prefix) {
+  auto add_one = [&](const std::string& name, const at::Tensor& t) {
+    const std::string key = prefix.empty() ? name : prefix + "." + name;
+    Item item;
+    item.path = prefix.empty() ? std::vector<std::string>{name}
+                               : std::vector<std::string>{prefix, name};
+    item.tensor = t;
+    if (const auto ref = detail::sharded_ref(t)) {
+      const detail::ShardedParam& p = *ref.param;
+      const int r = ref.unit->group().rank();
+      const auto& replicate = ref.unit->replicate();
+      const bool writer = !replicate || replicate->rank() == 0;
+      item.kind = Item::kShard;
+      item.global_size = p.sizes;
+      if (p.sizes.empty()) {
+        // A scalar lives on the rank that holds its one row.
+        if (p.local_rows == 0) return;
+        item.tensor = t.view({});
+        item.offsets = {};
+      } else {
+        item.tensor = t.view(p.shard_sizes(p.local_rows));
+        item.offsets.assign(p.sizes.size(), 0);
+        item.offsets[0] = p.first_row(r);
+      }
+      if (!writer) item.kind = Item::kShard;  // loaded like the others; see save()
+      item.global_size = p.sizes;
+      (void)writer;
+    } else {
+      item.kind = Item::kTensor;
+    }
+    add(key, std::move(item));
+  };
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) add_one(p.key(), p.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) add_one(b.key(), b.value());
+  return *this;
+}
+
+const StateDict::Item& StateDict::item(const std::string& key) const {
+  auto it = items_.find(key);
+  DDP_CHECK(it != items_.end(), "ddp::dcp::StateDict has no key '", key, "'.");
+  return it->second;
+}
+
+StateDict::Item& StateDict::mutable_item(const std::string& key) {
+  auto it = items_.find(key);
+  DDP_CHECK(it != items_.end(), "ddp::dcp::StateDict has no key '", key, "'.");
+  return it->second;
+}
+
+const c10::IValue& StateDict::object(const std::string& key) const {
+  const Item& it = item(key);
+  DDP_CHECK(it.kind == Item::kObject, "ddp::dcp::StateDict: key '", key,
+            "' is a tensor, not an object.");
+  return it.value;
+}
+
+// ---- save, load -----------------------------------------------------------------------
+
+void save(const StateDict& state, const std::string& dir, const SaveOptions& options) {
+  const std::shared_ptr<ProcessGroup> group = save_group(options);
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
+  const std::string name = "__" + std::to_string(rank) + "_0.distcp";
+  // Rank 0 first takes away an old .metadata, before any rank overwrites a data file.
+  std::string error;
+  if (rank == 0) {
+    try {
+      detail::make_directories(dir);
+      DDP_CHECK(detail::remove_file(join(dir, kMetadataFile)), "ddp::dcp::save: cannot remove the old '",
+                join(dir, kMetadataFile), "': ", std::strerror(errno));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (group) {
+    std::vector<std::string> first = group->all_gather_bytes(error);
+    error = first[0];
+  }
+  DDP_CHECK(error.empty(), error);
+  std::string part;
+  try {
+    part = md::write_metadata(write_items(state, rank, dir, name));
+  } catch (const std::exception& e) {
+    error = "rank " + std::to_string(rank) + ": " + e.what();
+  }
+  // Every rank's part, or its error, at every rank (Note [DCP save]).
+  std::vector<std::string> parts{error.empty() ? "ok" + part : "no" + error};
+  if (group) parts = group->all_gather_bytes(parts[0]);
+  for (const std::string& p : parts) {
+    if (p.rfind("no", 0) == 0) {
+      detail::throw_error("ddp::dcp::save('" + dir + "') failed: " + p.substr(2) +
+                            ". No .metadata was written.");
+    }
+  }
+  std::string verdict;
+  if (rank == 0) {
+    try {
+      std::vector<md::Metadata> metas;
+      for (int r = 0; r < world; ++r) {
+        metas.push_back(md::read_metadata(std::string_view(parts[r]).substr(2),
+                                          "ddp::dcp::save: rank " + std::to_string(r) + "'s part"));
+      }
+      detail::write_file_atomic(join(dir, kMetadataFile), md::write_metadata(merge(metas)));
+    } catch (const std::exception& e) {
+      verdict = e.what();
+    }
+  }
+  if (group) verdict = group->all_gather_bytes(verdict)[0];
+  if (!verdict.empty()) {
+    detail::throw_error("ddp::dcp::save('" + dir + "') failed on rank 0: " + verdict);
+  }
+}
+
+void load(StateDict& state, const std::string& dir) {
+  const std::string where = "ddp::dcp::load('" + dir + "')";
+  const md::Metadata meta = read_metadata_of(dir, where);
+  std::string missing;
+  for (const std::string& key : state.keys()) {
+    if (!meta.entries.count(key)) missing += (missing.empty() ? "'" : ", '") + key + "'";
+  }
+  if (!missing.empty()) {
+    std::string have;
+    for (size_t i = 0; i < meta.keys.size() && i < 8; ++i) have += (i ? ", '" : "'") + meta.keys[i] + "'";
+    if (meta.keys.size() > 8) have += ", ...";
+    detail::throw_error(where + ": the checkpoint has no key " + missing + " (it holds " +
+                          std::to_string(meta.keys.size()) + " keys: " + have +
+                          "). Check the prefix given to add_model, or the model.");
+  }
+  // Stage everything, then apply (Note [DCP load]).
+  std::vector<std::function<void()>> apply;
+  for (const std::string& key : state.keys()) {
+    StateDict::Item& item = state.mutable_item(key);
+    const md::Entry& e = meta.entries.at(key);
+    if (item.kind == StateDict::Item::kObject) {
+      DDP_CHECK(!e.is_tensor, where, ": key '", key, "' is a tensor in the checkpoint, not an object.");
+      const std::string bytes = read_range(dir, e.object_storage, key, where);
+      c10::IValue v = detail::unpickle(bytes, where + ": key '" + key + "'");
+      apply.push_back([&item, v] { item.value = v; });
+      continue;
+    }
+    DDP_CHECK(e.is_tensor, where, ": key '", key, "' is an object in the checkpoint, not a tensor.");
+    const std::vector<int64_t> global =
+        item.kind == StateDict::Item::kShard ? item.global_size : item.tensor.sizes().vec();
+    DDP_CHECK(global == e.size, where, ": key '", key, "' has size ", shape_of(e.size),
+              " in the checkpoint, but ", shape_of(global),
+              " here. Build the same model before loading.");
+    check_no_overlap(e, key, where);
+    const std::vector<int64_t> offsets = item.kind == StateDict::Item::kShard
+                                             ? item.offsets
+                                             : std::vector<int64_t>(global.size(), 0);
+    at::Tensor block = read_block(dir, e, offsets, item.tensor.sizes().vec(), key, where);
+    at::Tensor dst = item.tensor;
+    apply.push_back([dst, block]() mutable {
+      at::NoGradGuard no_grad;
+      dst.copy_(block);
+    });
+  }
+  for (auto& f : apply) f();
+}
+
+std::vector<std::string> checkpoint_keys(const std::string& dir) {
+  return read_metadata_of(dir, "ddp::dcp::checkpoint_keys('" + dir + "')").keys;
+}
+
+void to_torch_save(const std::string& dir, const std::string& file) {
+  const std::string where = "ddp::dcp::to_torch_save('" + dir + "')";
+  const md::Metadata meta = read_metadata_of(dir, where);
+  c10::impl::GenericDict root = detail::new_dict();
+  for (const std::string& key : meta.keys) {
+    const md::Entry& e = meta.entries.at(key);
+    c10::IValue value;
+    if (e.is_tensor) {
+      check_no_overlap(e, key, where);
+      value = read_block(dir, e, std::vector<int64_t>(e.size.size(), 0), e.size, key, where);
+    } else {
+      value = detail::unpickle(read_range(dir, e.object_storage, key, where),
+                               where + ": key '" + key + "'");
+    }
+    std::vector<md::PathPart> path = e.path;
+    if (path.empty()) path.push_back(md::PathPart{key, std::nullopt});
+    c10::impl::GenericDict d = root;
+    for (size_t i = 0; i + 1 < path.size(); ++i) {
+      const std::string& k = path[i].name;
+      if (!d.contains(k)) d.insert(k, detail::new_dict());
+      const c10::IValue next = d.at(k);
+      DDP_CHECK(next.isGenericDict(), where, ": key '", key, "' nests inside '", k,
+                "', which holds a value.");
+      d = next.toGenericDict();
+    }
+    d.insert_or_assign(path.back().name, value);
+  }
+  detail::make_directories(detail::parent_directory(file));
+  const std::vector<char> bytes = detail::pickle(root);
+  detail::write_file_atomic(file, std::string_view(bytes.data(), bytes.size()));
+}
+
+}  // namespace dcp
+}  // namespace ddp

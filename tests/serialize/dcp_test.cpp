@@ -1,0 +1,316 @@
+// ddp::dcp (PyTorch's Distributed Checkpoint format): fully_shard at 3 ranks saves and
+// fully_shard at 2 ranks, a plain model and to_torch_save read it back bit for bit;
+// objects round-trip; and damaged checkpoints are refused with their messages, leaving the
+// model as it was.
+
+#include "parallel/fsdp_test_models.h"
+#include "formats/atomic_file.h"
+#include "formats/dcp_metadata.h"
+#include "formats/pickle_io.h"
+#include "formats/py_pickle.h"
+#include "support/harness.h"
+#include "support/util.h"
+
+#include <ddp/fsdp/fully_shard.h>
+#include <ddp/serialize/dcp.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+
+namespace dcp_test {
+
+namespace {
+
+namespace md = ddp::detail::dcp;
+using ddp_test::TinyGptImpl;
+
+std::shared_ptr<TinyGptImpl> make_model(uint64_t seed) {
+  auto model = std::make_shared<TinyGptImpl>();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  return model;
+}
+
+ddp::FullyShard<TinyGptImpl> shard(const std::shared_ptr<TinyGptImpl>& model, ddp::ProcessGroup& pg) {
+  auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
+  for (size_t i = 0; i < model->blocks->size(); ++i) {
+    ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
+  }
+  return ddp::fully_shard(model, opts);
+}
+
+// Saves the model of seed 5 (sharded at `world` ranks, or plain at 0) to `dir`, with two
+// objects; returns its full parameters.
+std::map<std::string, at::Tensor> save_model(const std::string& dir, int world) {
+  std::map<std::string, at::Tensor> full;
+  auto body = [&](ddp::ProcessGroup* pg) {
+    auto model = make_model(5);
+    for (const auto& p : model->named_parameters()) {
+      if (!pg || pg->rank() == 0) full[p.key()] = p.value().detach().clone();
+    }
+    ddp::FullyShard<TinyGptImpl> unit{nullptr};
+    if (pg) unit = shard(model, *pg);
+    ddp::dcp::StateDict state;
+    state.add_model(*model).add_object("step", int64_t{42}).add_object("tag", std::string("dcp"));
+    ddp::dcp::save(state, dir,
+                   ddp::dcp::SaveOptions().process_group(pg ? ddp_test::borrow(*pg) : nullptr));
+  };
+  if (world == 0) {
+    body(nullptr);
+  } else {
+    ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) { body(&pg); });
+  }
+  return full;
+}
+
+void expect_params(const torch::nn::Module& model, const std::map<std::string, at::Tensor>& want,
+                   const std::string& what) {
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(want.count(p.key())) << what << ": " << p.key();
+    EXPECT_TRUE(ddp_test::same_bits(p.value().detach(), want.at(p.key())))
+        << what << ": " << p.key() << " differs";
+  }
+}
+
+}  // namespace
+
+TEST(Dcp, FullyShardAtThreeLoadsAtTwoAndIntoAPlainModel) {
+  ddp_test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const auto full = save_model(ckpt, 3);
+  // The files DCP names: one per rank, and .metadata.
+  for (const char* f : {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", ".metadata"}) {
+    EXPECT_TRUE(ddp::detail::file_exists(ckpt + "/" + f)) << f;
+  }
+  ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    auto model = make_model(9);  // other values, replaced by the load
+    auto unit = shard(model, pg);
+    ddp::dcp::StateDict state;
+    state.add_model(*model).add_object("step", int64_t{0}).add_object("tag", std::string());
+    ddp::dcp::load(state, ckpt);
+    EXPECT_EQ(state.object("step").toInt(), 42);
+    EXPECT_EQ(state.object("tag").toStringRef(), "dcp");
+    const auto got = ddp::full_state_dict(*model);
+    if (pg.rank() == 0) {
+      for (const auto& kv : full) {
+        ASSERT_TRUE(got.contains(kv.first)) << kv.first;
+        EXPECT_TRUE(ddp_test::same_bits(got.at(kv.first), kv.second)) << kv.first;
+      }
+    }
+  });
+  auto plain = make_model(9);
+  ddp::dcp::StateDict state;
+  state.add_model(*plain);
+  ddp::dcp::load(state, ckpt);
+  expect_params(*plain, full, "plain model");
+}
+
+TEST(Dcp, APlainModelSavesAndToTorchSaveNestsTheKeys) {
+  ddp_test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const auto full = save_model(ckpt, 0);
+  const auto keys = ddp::dcp::checkpoint_keys(ckpt);
+  EXPECT_EQ(keys.front(), "model.wte.weight");
+  ddp::dcp::to_torch_save(ckpt, dir.file("whole.pt"));
+  const c10::IValue v = ddp::detail::unpickle(ddp::detail::read_file(dir.file("whole.pt")), "whole");
+  const auto root = v.toGenericDict();
+  EXPECT_EQ(root.at("step").toInt(), 42);
+  const auto model = root.at("model").toGenericDict();
+  EXPECT_EQ(model.size(), full.size());
+  for (const auto& kv : full) {
+    EXPECT_TRUE(ddp_test::same_bits(model.at(kv.first).toTensor(), kv.second)) << kv.first;
+  }
+}
+
+// ---- damaged checkpoints -------------------------------------------------------------
+
+namespace {
+
+struct Damage {
+  std::string name;
+  std::function<void(const std::string& dir)> apply;
+  std::string expect;  // a part of the message
+};
+
+void edit_metadata(const std::string& dir, const std::function<void(md::Metadata&)>& edit) {
+  md::Metadata m = md::read_metadata(ddp::detail::read_file(dir + "/.metadata"), "test");
+  edit(m);
+  ddp::detail::write_file_atomic(dir + "/.metadata", md::write_metadata(m));
+}
+
+void edit_file(const std::string& path, const std::function<void(std::string&)>& edit) {
+  std::string bytes = ddp::detail::read_file(path);
+  edit(bytes);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+md::Entry& entry(md::Metadata& m, const std::string& key) { return m.entries.at(key); }
+
+std::vector<Damage> damages() {
+  const std::string w = "model.wte.weight";
+  std::vector<Damage> d;
+  d.push_back({"no_metadata", [](const std::string& dir) { ddp::detail::remove_file(dir + "/.metadata"); },
+               "has no .metadata"});
+  for (size_t cut : {0, 1, 2, 40, 400}) {
+    d.push_back({"metadata_cut_at_" + std::to_string(cut),
+                 [cut](const std::string& dir) {
+                   edit_file(dir + "/.metadata", [cut](std::string& b) { b.resize(cut); });
+                 },
+                 ".metadata"});
+  }
+  d.push_back({"metadata_cut_before_stop",
+               [](const std::string& dir) {
+                 edit_file(dir + "/.metadata", [](std::string& b) { b.pop_back(); });
+               },
+               ".metadata"});
+  d.push_back({"foreign_class",
+               [](const std::string& dir) {
+                 namespace py = ddp::detail::py;
+                 ddp::detail::write_file_atomic(
+                     dir + "/.metadata",
+                     py::write(py::call(py::global("os", "system"), {py::str("true")})));
+               },
+               "os"});
+  d.push_back({"not_metadata",
+               [](const std::string& dir) {
+                 namespace py = ddp::detail::py;
+                 ddp::detail::write_file_atomic(dir + "/.metadata", py::write(py::list({})));
+               },
+               "not torch.distributed.checkpoint.metadata.Metadata"});
+  d.push_back({"path_climbs_out",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   entry(m, w).chunk_storage[0].relative_path = "../__0_0.distcp";
+                 });
+               },
+               "not a plain name inside the checkpoint folder"});
+  d.push_back({"absolute_path",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   entry(m, w).chunk_storage[0].relative_path = "/etc/passwd";
+                 });
+               },
+               "not a plain name inside the checkpoint folder"});
+  d.push_back({"missing_data_file",
+               [](const std::string& dir) { ddp::detail::remove_file(dir + "/__1_0.distcp"); },
+               "cannot be opened"});
+  d.push_back({"truncated_data_file",
+               [](const std::string& dir) {
+                 edit_file(dir + "/__2_0.distcp", [](std::string& b) { b.resize(b.size() / 2); });
+               },
+               "truncated"});
+  d.push_back({"flipped_data_bytes",
+               [](const std::string& dir) {
+                 edit_file(dir + "/__0_0.distcp", [](std::string& b) {
+                   for (size_t i = 0; i < 64 && i < b.size(); ++i) b[i] = static_cast<char>(~b[i]);
+                 });
+               },
+               "model.wte.weight"});
+  d.push_back({"wrong_dtype",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) { entry(m, w).dtype = c10::ScalarType::Double; });
+               },
+               "but the metadata says Double"});
+  d.push_back({"chunk_sizes_disagree",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   auto& e = entry(m, w);
+                   e.chunks[0].sizes[0] -= 1;
+                 });
+               },
+               "but the metadata says"});
+  d.push_back({"missing_chunk",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   auto& e = entry(m, w);
+                   e.chunks.pop_back();
+                   e.chunk_storage.pop_back();
+                 });
+               },
+               "missing a part of this tensor"});
+  d.push_back({"overlapping_chunks",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   auto& e = entry(m, w);
+                   e.chunks[1].offsets[0] = e.chunks[0].offsets[0];
+                 });
+               },
+               "that overlap"});
+  d.push_back({"chunk_outside_tensor",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) { entry(m, w).chunks[0].offsets[0] = 1000; });
+               },
+               "reaches outside the tensor"});
+  d.push_back({"key_missing",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   m.entries.erase(w);
+                   m.keys.erase(std::find(m.keys.begin(), m.keys.end(), w));
+                 });
+               },
+               "has no key 'model.wte.weight'"});
+  d.push_back({"other_size",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   auto& e = entry(m, w);
+                   e.size[1] += 1;
+                   for (auto& c : e.chunks) c.sizes[1] += 1;
+                 });
+               },
+               "Build the same model before loading"});
+  d.push_back({"tensor_became_object",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   auto& e = entry(m, w);
+                   e.is_tensor = false;
+                   e.object_storage = e.chunk_storage[0];
+                 });
+               },
+               "is an object in the checkpoint, not a tensor"});
+  d.push_back({"offset_past_end",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   entry(m, w).chunk_storage[0].offset = int64_t{1} << 40;
+                 });
+               },
+               "truncated or the metadata damaged"});
+  d.push_back({"object_not_a_tensor",
+               [w](const std::string& dir) {
+                 edit_metadata(dir, [w](md::Metadata& m) {
+                   entry(m, w).chunk_storage[0] = m.entries.at("step").object_storage;
+                 });
+               },
+               "not a tensor"});
+  return d;
+}
+
+}  // namespace
+
+class DcpDamageTest : public ::testing::TestWithParam<Damage> {};
+
+TEST_P(DcpDamageTest, IsRefusedAndTheModelStaysAsItWas) {
+  const Damage& damage = GetParam();
+  ddp_test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  save_model(ckpt, 3);
+  damage.apply(ckpt);
+  auto model = make_model(9);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : model->named_parameters()) before[p.key()] = p.value().detach().clone();
+  ddp::dcp::StateDict state;
+  state.add_model(*model).add_object("step", int64_t{0});
+  const std::string msg = ddp_test::error_of([&] { ddp::dcp::load(state, ckpt); });
+  EXPECT_NE(msg.find(damage.expect), std::string::npos) << damage.name << ": " << msg;
+  EXPECT_NE(msg, "<no exception>") << damage.name;
+  expect_params(*model, before, damage.name);
+  EXPECT_EQ(state.object("step").toInt(), 0) << damage.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, DcpDamageTest, ::testing::ValuesIn(damages()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace dcp_test

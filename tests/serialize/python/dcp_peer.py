@@ -1,0 +1,108 @@
+"""PyTorch's own torch.distributed.checkpoint (DCP) beside ddp::dcp, on the test
+transformer of tests/parallel/python/fsdp_peer.py (FSDP2, Gloo on CPUs).
+
+  dcp_peer.py load DIR CKPT WORLD      FSDP2 at WORLD ranks dcp.loads CKPT (keys "model.*")
+                                       into the model and writes its full parameters to
+                                       DIR/py.bin (float32, named_parameters order)
+  dcp_peer.py save DIR CKPT WORLD      FSDP2 at WORLD ranks, parameters from DIR/init.bin,
+                                       dcp.saves {"model": ..., "step": 7} to CKPT
+  dcp_peer.py to_torch_save CKPT FILE  format_utils.dcp_to_torch_save(CKPT, FILE), then
+                                       torch.load(FILE, weights_only=True) must work
+
+Exits 3 (and says why) when this PyTorch has no DCP or no FSDP2.
+"""
+
+import faulthandler
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "parallel",
+                                "python"))
+from fsdp_peer import TinyGpt, read  # noqa: E402
+
+
+def sharded_model(d, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "pystore"),
+                            rank=rank, world_size=world)
+    torch.manual_seed(1234)
+    model = TinyGpt()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def leave():
+    # Every rank is past its last collective; skip PyTorch's teardown (fsdp_peer.py says why).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def load_worker(rank, d, ckpt, world):
+    import torch.distributed.checkpoint as dcp
+    faulthandler.enable()
+    torch.set_num_threads(1)
+    model = sharded_model(d, rank, world)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    model.load_state_dict(state["model"])
+    full = [p.full_tensor().detach().reshape(-1).float() for p in model.parameters()]
+    if rank == 0:
+        torch.cat(full).numpy().tofile(os.path.join(d, "py.bin.part"))
+        os.replace(os.path.join(d, "py.bin.part"), os.path.join(d, "py.bin"))
+    dist.barrier()
+    leave()
+
+
+def save_worker(rank, d, ckpt, world):
+    import torch.distributed.checkpoint as dcp
+    faulthandler.enable()
+    torch.set_num_threads(1)
+    model = sharded_model(d, rank, world)
+    n = sum(p.numel() for p in model.parameters())
+    init = read(os.path.join(d, "init.bin"), torch.float32, (n,))
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():
+            full = init[offset:offset + p.numel()].view(p.shape)
+            offset += p.numel()
+            local = p.to_local()
+            rows = local.shape[0]
+            chunk = (p.shape[0] + world - 1) // world
+            local.copy_(full[rank * chunk: rank * chunk + rows])
+    dcp.save({"model": model.state_dict(), "step": 7}, checkpoint_id=ckpt)
+    dist.barrier()
+    leave()
+
+
+def main():
+    mode = sys.argv[1]
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception as e:
+        print(f"PyTorch {torch.__version__} lacks DCP or FSDP2: {type(e).__name__}: {e}")
+        sys.exit(3)
+    if mode == "to_torch_save":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        ckpt, out = sys.argv[2], sys.argv[3]
+        dcp_to_torch_save(ckpt, out)
+        state = torch.load(out, weights_only=True)
+        print("keys:", sorted(state.keys()))
+        return
+    d, ckpt, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
+    worker = {"load": load_worker, "save": save_worker}[mode]
+    mp.start_processes(worker, args=(d, ckpt, world), nprocs=world, start_method="spawn")
+
+
+if __name__ == "__main__":
+    main()

@@ -87,27 +87,26 @@ std::vector<Op> ops(int n) {
                    return std::function<void()>(
                        [&pg, list, in]() mutable { pg.all_gather(list, in); });
                  }});
-  out.push_back({"all_gather_into_tensor", ring, "shared memory",
-                 [=](ddp::ProcessGroup& pg, int64_t b) {
-                   auto whole = floats(b);
-                   auto in = at::ones({b / 4 / pg.size()}, at::kFloat);
-                   return std::function<void()>(
-                       [&pg, whole, in]() mutable { pg.all_gather_into_tensor(whole, in); });
-                 }});
-  out.push_back({"reduce_scatter (list)", ring, "shared memory",
-                 [=](ddp::ProcessGroup& pg, int64_t b) {
-                   auto list = parts(b, pg.size());
-                   auto o = list[0].clone();
-                   return std::function<void()>(
-                       [&pg, list, o]() mutable { pg.reduce_scatter(o, list); });
-                 }});
-  out.push_back({"reduce_scatter_tensor", ring, "shared memory",
-                 [=](ddp::ProcessGroup& pg, int64_t b) {
-                   auto whole = floats(b);
-                   auto o = at::ones({b / 4 / pg.size()}, at::kFloat);
-                   return std::function<void()>(
-                       [&pg, whole, o]() mutable { pg.reduce_scatter_tensor(o, whole); });
-                 }});
+  out.push_back(
+      {"all_gather_into_tensor", ring, "shared memory", [=](ddp::ProcessGroup& pg, int64_t b) {
+         auto whole = floats(b);
+         auto in = at::ones({b / 4 / pg.size()}, at::kFloat);
+         return std::function<void()>(
+             [&pg, whole, in]() mutable { pg.all_gather_into_tensor(whole, in); });
+       }});
+  out.push_back(
+      {"reduce_scatter (list)", ring, "shared memory", [=](ddp::ProcessGroup& pg, int64_t b) {
+         auto list = parts(b, pg.size());
+         auto o = list[0].clone();
+         return std::function<void()>([&pg, list, o]() mutable { pg.reduce_scatter(o, list); });
+       }});
+  out.push_back(
+      {"reduce_scatter_tensor", ring, "shared memory", [=](ddp::ProcessGroup& pg, int64_t b) {
+         auto whole = floats(b);
+         auto o = at::ones({b / 4 / pg.size()}, at::kFloat);
+         return std::function<void()>(
+             [&pg, whole, o]() mutable { pg.reduce_scatter_tensor(o, whole); });
+       }});
   out.push_back({"gather", ring, "shared memory", [=](ddp::ProcessGroup& pg, int64_t b) {
                    auto list = pg.rank() == 0 ? parts(b, pg.size()) : std::vector<at::Tensor>();
                    auto in = at::ones({b / 4 / pg.size()}, at::kFloat);
@@ -120,12 +119,12 @@ std::vector<Op> ops(int n) {
                    return std::function<void()>(
                        [&pg, list, o]() mutable { pg.scatter(o, list, 0); });
                  }});
-  out.push_back({"all_to_all_single", ring, "its Gloo group", [=](ddp::ProcessGroup& pg, int64_t b) {
-                   auto in = floats(b);
-                   auto o = floats(b);
-                   return std::function<void()>(
-                       [&pg, in, o]() mutable { pg.all_to_all_single(o, in); });
-                 }});
+  out.push_back(
+      {"all_to_all_single", ring, "its Gloo group", [=](ddp::ProcessGroup& pg, int64_t b) {
+         auto in = floats(b);
+         auto o = floats(b);
+         return std::function<void()>([&pg, in, o]() mutable { pg.all_to_all_single(o, in); });
+       }});
   out.push_back({"send/recv ring (batch_isend_irecv)", 1.0, "its Gloo group",
                  [=](ddp::ProcessGroup& pg, int64_t b) {
                    auto in = floats(b);
@@ -149,8 +148,8 @@ constexpr const char* kUsage =
 
 int main(int argc, char** argv) {
   const std::string program = "bench_collectives";
-  bench::handle_help(argc, argv,
-                     "Every collective at one size: Gloo against shared memory, busbw.", kUsage);
+  bench::handle_help(argc, argv, "Every collective at one size: Gloo against shared memory, busbw.",
+                     kUsage);
   bench::at_most(program, argc, 1, kUsage);
   int64_t bytes = 16 << 20;
   at::set_num_threads(1);

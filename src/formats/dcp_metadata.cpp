@@ -44,23 +44,24 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {c10::ScalarType::Float, "float32"},      {c10::ScalarType::Double, "float64"},
-    {c10::ScalarType::Half, "float16"},       {c10::ScalarType::BFloat16, "bfloat16"},
-    {c10::ScalarType::Byte, "uint8"},         {c10::ScalarType::Char, "int8"},
-    {c10::ScalarType::Short, "int16"},        {c10::ScalarType::Int, "int32"},
-    {c10::ScalarType::Long, "int64"},         {c10::ScalarType::Bool, "bool"},
-    {c10::ScalarType::ComplexFloat, "complex64"}, {c10::ScalarType::ComplexDouble, "complex128"},
+    {c10::ScalarType::Float, "float32"},
+    {c10::ScalarType::Double, "float64"},
+    {c10::ScalarType::Half, "float16"},
+    {c10::ScalarType::BFloat16, "bfloat16"},
+    {c10::ScalarType::Byte, "uint8"},
+    {c10::ScalarType::Char, "int8"},
+    {c10::ScalarType::Short, "int16"},
+    {c10::ScalarType::Int, "int32"},
+    {c10::ScalarType::Long, "int64"},
+    {c10::ScalarType::Bool, "bool"},
+    {c10::ScalarType::ComplexFloat, "complex64"},
+    {c10::ScalarType::ComplexDouble, "complex128"},
 };
 
 bool allowed(const std::string& module, const std::string& name) {
-  static const std::set<std::string> meta = {"Metadata",
-                                             "TensorStorageMetadata",
-                                             "BytesStorageMetadata",
-                                             "ChunkStorageMetadata",
-                                             "TensorProperties",
-                                             "MetadataIndex",
-                                             "StorageMeta",
-                                             "_MEM_FORMAT_ENCODING"};
+  static const std::set<std::string> meta = {
+      "Metadata",         "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+      "TensorProperties", "MetadataIndex",         "StorageMeta",          "_MEM_FORMAT_ENCODING"};
   if (module == kMeta) return meta.count(name) > 0;
   if (module == kOldMeta) return name == "TensorProperties" || name == "MEM_FORMAT_ENCODING";
   if (module == kFs) return name == "_StorageInfo";
@@ -186,13 +187,13 @@ std::string write_metadata(const Metadata& meta) {
     if (e.is_tensor) {
       py::ValuePtr properties = py::object(
           cls(kMeta, "TensorProperties"), {},
-          py::tuple({py::global("torch", dtype_name(e.dtype)),
-                     py::call(cls("torch.serialization", "_get_layout"), {py::str("torch.strided")}),
-                     py::boolean(e.requires_grad),
-                     py::call(cls("builtins", "getattr"),
-                              {cls(kMeta, "_MEM_FORMAT_ENCODING"),
-                               py::str("TORCH_CONTIGUOUS_FORMAT")}),
-                     py::boolean(false)}));
+          py::tuple(
+              {py::global("torch", dtype_name(e.dtype)),
+               py::call(cls("torch.serialization", "_get_layout"), {py::str("torch.strided")}),
+               py::boolean(e.requires_grad),
+               py::call(cls("builtins", "getattr"),
+                        {cls(kMeta, "_MEM_FORMAT_ENCODING"), py::str("TORCH_CONTIGUOUS_FORMAT")}),
+               py::boolean(false)}));
       std::vector<py::ValuePtr> chunks;
       for (const Chunk& c : e.chunks) {
         chunks.push_back(py::object(cls(kMeta, "ChunkStorageMetadata"), {},
@@ -218,15 +219,15 @@ std::string write_metadata(const Metadata& meta) {
     } else {
       value = py::object(cls(kMeta, "BytesStorageMetadata"), {}, nullptr);
       const Storage& s = e.object_storage;
-      storage.emplace_back(
-          py::object(cls(kMeta, "MetadataIndex"), {},
-                     py::dict({{py::str("fqn"), py::str(key)},
-                               {py::str("offset"), py::none()},
-                               {py::str("index"), py::none()}})),
-          py::object(cls(kFs, "_StorageInfo"), {},
-                     py::dict({{py::str("relative_path"), py::str(s.relative_path)},
-                               {py::str("offset"), py::integer(s.offset)},
-                               {py::str("length"), py::integer(s.length)}})));
+      storage.emplace_back(py::object(cls(kMeta, "MetadataIndex"), {},
+                                      py::dict({{py::str("fqn"), py::str(key)},
+                                                {py::str("offset"), py::none()},
+                                                {py::str("index"), py::none()}})),
+                           py::object(cls(kFs, "_StorageInfo"), {},
+                                      py::dict(
+                                          {{py::str("relative_path"), py::str(s.relative_path)},
+                                           {py::str("offset"), py::integer(s.offset)},
+                                           {py::str("length"), py::integer(s.length)}})));
     }
     entries.emplace_back(py::str(key), value);
     std::vector<PathPart> path = e.path;
@@ -250,7 +251,8 @@ Metadata read_metadata(std::string_view bytes, const std::string& where) {
   }
   const py::Value& fields = state_dict_of(*root, "Metadata", where);
   Metadata meta;
-  if (const auto v = py::find(fields, "version"); v && v->kind == py::Kind::kStr) meta.version = v->s;
+  if (const auto v = py::find(fields, "version"); v && v->kind == py::Kind::kStr)
+    meta.version = v->s;
 
   const py::ValuePtr sdm = py::find(fields, "state_dict_metadata");
   if (!sdm || sdm->kind != py::Kind::kDict) {

@@ -80,10 +80,10 @@ class DataFile {
     return at;
   }
   void close() {
-    DDP_CHECK(::fsync(fd_) == 0, "ddp::dcp::save: cannot sync '", path_, "': ",
-              std::strerror(errno));
-    DDP_CHECK(::close(fd_) == 0, "ddp::dcp::save: cannot close '", path_, "': ",
-              std::strerror(errno));
+    DDP_CHECK(::fsync(fd_) == 0, "ddp::dcp::save: cannot sync '", path_,
+              "': ", std::strerror(errno));
+    DDP_CHECK(::close(fd_) == 0, "ddp::dcp::save: cannot close '", path_,
+              "': ", std::strerror(errno));
     fd_ = -1;
   }
 
@@ -125,8 +125,8 @@ md::Metadata write_items(const StateDict& state, int rank, const std::string& di
       md::dtype_name(e.dtype);  // throws for a dtype DCP cannot name
       const bool shard = item.kind == StateDict::Item::kShard;
       e.size = shard ? item.global_size : t.sizes().vec();
-      const bool writes = shard ? t.numel() > 0 || (rank == 0 && at::empty(e.size).numel() == 0)
-                                : rank == 0;
+      const bool writes =
+          shard ? t.numel() > 0 || (rank == 0 && at::empty(e.size).numel() == 0) : rank == 0;
       if (writes) {
         md::Chunk c{shard ? item.offsets : std::vector<int64_t>(e.size.size(), 0), t.sizes().vec()};
         const std::vector<char> bytes = detail::pickle(detail::cpu_copy(t.detach()));
@@ -199,8 +199,9 @@ std::string read_range(const std::string& dir, const md::Storage& s, const std::
   if (!stat_ok) {
     error = std::string("cannot stat it: ") + std::strerror(errno);
   } else if (s.offset > st.st_size || s.length > st.st_size - s.offset) {
-    error = "it has " + std::to_string(st.st_size) + " bytes, but the metadata places the item at [" +
-            std::to_string(s.offset) + ", " + std::to_string(s.offset + s.length) +
+    error = "it has " + std::to_string(st.st_size) +
+            " bytes, but the metadata places the item at [" + std::to_string(s.offset) + ", " +
+            std::to_string(s.offset + s.length) +
             "): the file is truncated or the metadata damaged";
   } else {
     bytes.resize(static_cast<size_t>(s.length));
@@ -239,8 +240,8 @@ at::Tensor read_chunk(const std::string& dir, const md::Entry& e, size_t c, cons
                       const std::string& where) {
   const md::Storage& s = e.chunk_storage[c];
   const std::string bytes = read_range(dir, s, key, where);
-  const std::string what = where + ": key '" + key + "', chunk at " + shape_of(e.chunks[c].offsets) +
-                           " in '" + s.relative_path + "'";
+  const std::string what = where + ": key '" + key + "', chunk at " +
+                           shape_of(e.chunks[c].offsets) + " in '" + s.relative_path + "'";
   c10::IValue v;
   try {
     v = detail::unpickle(bytes, what);
@@ -250,7 +251,8 @@ at::Tensor read_chunk(const std::string& dir, const md::Entry& e, size_t c, cons
   DDP_CHECK(v.isTensor(), what, ": holds a ", v.tagKind(), ", not a tensor.");
   at::Tensor t = v.toTensor();
   DDP_CHECK(t.sizes().vec() == e.chunks[c].sizes, what, ": the tensor has size ",
-            shape_of(t.sizes().vec()), ", but the metadata says ", shape_of(e.chunks[c].sizes), ".");
+            shape_of(t.sizes().vec()), ", but the metadata says ", shape_of(e.chunks[c].sizes),
+            ".");
   DDP_CHECK(t.scalar_type() == e.dtype, what, ": the tensor is ", c10::toString(t.scalar_type()),
             ", but the metadata says ", c10::toString(e.dtype), ".");
   return t;
@@ -280,9 +282,9 @@ void check_no_overlap(const md::Entry& e, const std::string& key, const std::str
 
 // The block [offsets, offsets + sizes) of key `key`, put together from the saved chunks
 // that meet it.
-at::Tensor read_block(const std::string& dir, const md::Entry& e, const std::vector<int64_t>& offsets,
-                      const std::vector<int64_t>& sizes, const std::string& key,
-                      const std::string& where) {
+at::Tensor read_block(const std::string& dir, const md::Entry& e,
+                      const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                      const std::string& key, const std::string& where) {
   at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(e.dtype));
   int64_t covered = 0;
   for (size_t c = 0; c < e.chunks.size(); ++c) {
@@ -340,13 +342,13 @@ StateDict& StateDict::add_shard(const std::string& key, at::Tensor local,
   DDP_CHECK(offsets.size() == global_size.size() &&
                 static_cast<int64_t>(global_size.size()) == local.dim(),
             "ddp::dcp::StateDict: key '", key, "': the block has ", local.dim(),
-            " dimensions, the global size ", global_size.size(), " and the offsets ", offsets.size(),
-            "; give all three the tensor's number of dimensions.");
+            " dimensions, the global size ", global_size.size(), " and the offsets ",
+            offsets.size(), "; give all three the tensor's number of dimensions.");
   for (size_t d = 0; d < offsets.size(); ++d) {
     DDP_CHECK(offsets[d] >= 0 && offsets[d] + local.size(static_cast<int64_t>(d)) <= global_size[d],
-              "ddp::dcp::StateDict: key '", key, "': the block of size ", shape_of(local.sizes().vec()),
-              " at ", shape_of(offsets), " reaches outside the global size ", shape_of(global_size),
-              ".");
+              "ddp::dcp::StateDict: key '", key, "': the block of size ",
+              shape_of(local.sizes().vec()), " at ", shape_of(offsets),
+              " reaches outside the global size ", shape_of(global_size), ".");
   }
   Item item;
   item.kind = Item::kShard;
@@ -367,8 +369,8 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
   auto add_one = [&](const std::string& name, const at::Tensor& t) {
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     Item item;
-    item.path = prefix.empty() ? std::vector<std::string>{name}
-                               : std::vector<std::string>{prefix, name};
+    item.path =
+        prefix.empty() ? std::vector<std::string>{name} : std::vector<std::string>{prefix, name};
     item.tensor = t;
     if (const auto ref = detail::sharded_ref(t)) {
       const detail::ShardedParam& p = *ref.param;
@@ -431,8 +433,9 @@ void save(const StateDict& state, const std::string& dir, const SaveOptions& opt
   if (rank == 0) {
     try {
       detail::make_directories(dir);
-      DDP_CHECK(detail::remove_file(join(dir, kMetadataFile)), "ddp::dcp::save: cannot remove the old '",
-                join(dir, kMetadataFile), "': ", std::strerror(errno));
+      DDP_CHECK(detail::remove_file(join(dir, kMetadataFile)),
+                "ddp::dcp::save: cannot remove the old '", join(dir, kMetadataFile),
+                "': ", std::strerror(errno));
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -454,7 +457,7 @@ void save(const StateDict& state, const std::string& dir, const SaveOptions& opt
   for (const std::string& p : parts) {
     if (p.rfind("no", 0) == 0) {
       detail::throw_error("ddp::dcp::save('" + dir + "') failed: " + p.substr(2) +
-                            ". No .metadata was written.");
+                          ". No .metadata was written.");
     }
   }
   std::string verdict;
@@ -485,11 +488,12 @@ void load(StateDict& state, const std::string& dir) {
   }
   if (!missing.empty()) {
     std::string have;
-    for (size_t i = 0; i < meta.keys.size() && i < 8; ++i) have += (i ? ", '" : "'") + meta.keys[i] + "'";
+    for (size_t i = 0; i < meta.keys.size() && i < 8; ++i)
+      have += (i ? ", '" : "'") + meta.keys[i] + "'";
     if (meta.keys.size() > 8) have += ", ...";
     detail::throw_error(where + ": the checkpoint has no key " + missing + " (it holds " +
-                          std::to_string(meta.keys.size()) + " keys: " + have +
-                          "). Check the prefix given to add_model, or the model.");
+                        std::to_string(meta.keys.size()) + " keys: " + have +
+                        "). Check the prefix given to add_model, or the model.");
   }
   // Stage everything, then apply (Note [DCP load]).
   std::vector<std::function<void()>> apply;
@@ -497,13 +501,15 @@ void load(StateDict& state, const std::string& dir) {
     StateDict::Item& item = state.mutable_item(key);
     const md::Entry& e = meta.entries.at(key);
     if (item.kind == StateDict::Item::kObject) {
-      DDP_CHECK(!e.is_tensor, where, ": key '", key, "' is a tensor in the checkpoint, not an object.");
+      DDP_CHECK(!e.is_tensor, where, ": key '", key,
+                "' is a tensor in the checkpoint, not an object.");
       const std::string bytes = read_range(dir, e.object_storage, key, where);
       c10::IValue v = detail::unpickle(bytes, where + ": key '" + key + "'");
       apply.push_back([&item, v] { item.value = v; });
       continue;
     }
-    DDP_CHECK(e.is_tensor, where, ": key '", key, "' is an object in the checkpoint, not a tensor.");
+    DDP_CHECK(e.is_tensor, where, ": key '", key,
+              "' is an object in the checkpoint, not a tensor.");
     const std::vector<int64_t> global =
         item.kind == StateDict::Item::kShard ? item.global_size : item.tensor.sizes().vec();
     DDP_CHECK(global == e.size, where, ": key '", key, "' has size ", shape_of(e.size),

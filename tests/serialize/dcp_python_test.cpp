@@ -116,8 +116,8 @@ TEST(DcpPython, Fsdp2AtTwoSavesAndFullyShardAtThreeAndAPlainModelLoad) {
   EXPECT_TRUE(ddp_test::same_bits(flat(*plain), init));
   // C++'s converter on Python's checkpoint.
   ddp::dcp::to_torch_save(ckpt, dir.file("whole.pt"));
-  const auto whole =
-      ddp::detail::unpickle(ddp::detail::read_file(dir.file("whole.pt")), "whole.pt").toGenericDict();
+  const auto whole = ddp::detail::unpickle(ddp::detail::read_file(dir.file("whole.pt")), "whole.pt")
+                         .toGenericDict();
   EXPECT_EQ(whole.at("step").toInt(), 7);
   EXPECT_EQ(whole.at("model").toGenericDict().size(), plain->named_parameters().size());
 }

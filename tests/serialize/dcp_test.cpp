@@ -35,7 +35,8 @@ std::shared_ptr<TinyGptImpl> make_model(uint64_t seed) {
   return model;
 }
 
-ddp::FullyShard<TinyGptImpl> shard(const std::shared_ptr<TinyGptImpl>& model, ddp::ProcessGroup& pg) {
+ddp::FullyShard<TinyGptImpl> shard(const std::shared_ptr<TinyGptImpl>& model,
+                                   ddp::ProcessGroup& pg) {
   auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
   for (size_t i = 0; i < model->blocks->size(); ++i) {
     ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
@@ -116,7 +117,8 @@ TEST(Dcp, APlainModelSavesAndToTorchSaveNestsTheKeys) {
   const auto keys = ddp::dcp::checkpoint_keys(ckpt);
   EXPECT_EQ(keys.front(), "model.wte.weight");
   ddp::dcp::to_torch_save(ckpt, dir.file("whole.pt"));
-  const c10::IValue v = ddp::detail::unpickle(ddp::detail::read_file(dir.file("whole.pt")), "whole");
+  const c10::IValue v =
+      ddp::detail::unpickle(ddp::detail::read_file(dir.file("whole.pt")), "whole");
   const auto root = v.toGenericDict();
   EXPECT_EQ(root.at("step").toInt(), 42);
   const auto model = root.at("model").toGenericDict();
@@ -153,7 +155,8 @@ md::Entry& entry(md::Metadata& m, const std::string& key) { return m.entries.at(
 std::vector<Damage> damages() {
   const std::string w = "model.wte.weight";
   std::vector<Damage> d;
-  d.push_back({"no_metadata", [](const std::string& dir) { ddp::detail::remove_file(dir + "/.metadata"); },
+  d.push_back({"no_metadata",
+               [](const std::string& dir) { ddp::detail::remove_file(dir + "/.metadata"); },
                "has no .metadata"});
   for (size_t cut : {0, 1, 2, 40, 400}) {
     d.push_back({"metadata_cut_at_" + std::to_string(cut),
@@ -170,9 +173,9 @@ std::vector<Damage> damages() {
   d.push_back({"foreign_class",
                [](const std::string& dir) {
                  namespace py = ddp::detail::py;
-                 ddp::detail::write_file_atomic(
-                     dir + "/.metadata",
-                     py::write(py::call(py::global("os", "system"), {py::str("true")})));
+                 ddp::detail::write_file_atomic(dir + "/.metadata",
+                                                py::write(py::call(py::global("os", "system"),
+                                                                   {py::str("true")})));
                },
                "os"});
   d.push_back({"not_metadata",
@@ -210,11 +213,12 @@ std::vector<Damage> damages() {
                  });
                },
                "model.wte.weight"});
-  d.push_back({"wrong_dtype",
-               [w](const std::string& dir) {
-                 edit_metadata(dir, [w](md::Metadata& m) { entry(m, w).dtype = c10::ScalarType::Double; });
-               },
-               "but the metadata says Double"});
+  d.push_back(
+      {"wrong_dtype",
+       [w](const std::string& dir) {
+         edit_metadata(dir, [w](md::Metadata& m) { entry(m, w).dtype = c10::ScalarType::Double; });
+       },
+       "but the metadata says Double"});
   d.push_back({"chunk_sizes_disagree",
                [w](const std::string& dir) {
                  edit_metadata(dir, [w](md::Metadata& m) {
@@ -242,7 +246,8 @@ std::vector<Damage> damages() {
                "that overlap"});
   d.push_back({"chunk_outside_tensor",
                [w](const std::string& dir) {
-                 edit_metadata(dir, [w](md::Metadata& m) { entry(m, w).chunks[0].offsets[0] = 1000; });
+                 edit_metadata(dir,
+                               [w](md::Metadata& m) { entry(m, w).chunks[0].offsets[0] = 1000; });
                },
                "reaches outside the tensor"});
   d.push_back({"key_missing",

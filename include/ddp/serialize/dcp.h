@@ -64,11 +64,11 @@ class StateDict {
 
   struct Item {
     enum Kind { kTensor, kShard, kObject } kind = kTensor;
-    at::Tensor tensor;                  // kTensor, kShard (this rank's block)
-    std::vector<int64_t> global_size;   // kShard
-    std::vector<int64_t> offsets;       // kShard
-    c10::IValue value;                  // kObject
-    std::vector<std::string> path;      // the nested dict keys it came from (planner_data)
+    at::Tensor tensor;                 // kTensor, kShard (this rank's block)
+    std::vector<int64_t> global_size;  // kShard
+    std::vector<int64_t> offsets;      // kShard
+    c10::IValue value;                 // kObject
+    std::vector<std::string> path;     // the nested dict keys it came from (planner_data)
   };
   const Item& item(const std::string& key) const;
   Item& mutable_item(const std::string& key);

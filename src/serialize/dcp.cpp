@@ -23,6 +23,7 @@
 #include "distributed/common/check.h"
 #include "formats/atomic_file.h"
 #include "formats/dcp_metadata.h"
+#include "formats/optimizer_state.h"
 #include "formats/pickle_io.h"
 #include "fsdp/shard_unit.h"
 
@@ -30,6 +31,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -98,6 +100,16 @@ std::shared_ptr<ProcessGroup> save_group(const SaveOptions& options) {
   return is_initialized() ? default_group() : nullptr;
 }
 
+// The block an item stands for: its tensor, or a scalar view of the one-element shard of
+// a 0-d parameter, made at the moment of use (a view kept alive would outlive fully_shard's
+// swaps of the parameter's storage).
+at::Tensor block_of(const StateDict::Item& item) {
+  if (item.kind == StateDict::Item::kShard && item.global_size.empty() && item.tensor.dim() > 0) {
+    return item.tensor.view({});
+  }
+  return item.tensor;
+}
+
 md::Storage stored(int64_t offset, const std::vector<char>& bytes, const std::string& name) {
   return md::Storage{name, offset, static_cast<int64_t>(bytes.size())};
 }
@@ -111,14 +123,17 @@ md::Metadata write_items(const StateDict& state, int rank, const std::string& di
     const StateDict::Item& item = state.item(key);
     md::Entry e;
     e.path.clear();
-    for (const auto& p : item.path) e.path.push_back(md::PathPart{p, std::nullopt});
+    for (const auto& p : item.path) {
+      e.path.push_back(p.isInt() ? md::PathPart{std::to_string(p.toInt()), p.toInt()}
+                                 : md::PathPart{p.toStringRef(), std::nullopt});
+    }
     if (item.kind == StateDict::Item::kObject) {
       if (rank != 0) continue;
       const std::vector<char> bytes = detail::pickle(item.value);
       e.is_tensor = false;
       e.object_storage = stored(file.append(bytes), bytes, name);
     } else {
-      const at::Tensor& t = item.tensor;
+      const at::Tensor t = block_of(item);
       e.is_tensor = true;
       e.dtype = t.scalar_type();
       e.requires_grad = t.requires_grad();
@@ -126,7 +141,8 @@ md::Metadata write_items(const StateDict& state, int rank, const std::string& di
       const bool shard = item.kind == StateDict::Item::kShard;
       e.size = shard ? item.global_size : t.sizes().vec();
       const bool writes =
-          shard ? t.numel() > 0 || (rank == 0 && at::empty(e.size).numel() == 0) : rank == 0;
+          item.save &&
+          (shard ? t.numel() > 0 || (rank == 0 && at::empty(e.size).numel() == 0) : rank == 0);
       if (writes) {
         md::Chunk c{shard ? item.offsets : std::vector<int64_t>(e.size.size(), 0), t.sizes().vec()};
         const std::vector<char> bytes = detail::pickle(detail::cpu_copy(t.detach()));
@@ -315,6 +331,35 @@ at::Tensor read_block(const std::string& dir, const md::Entry& e,
   return out;
 }
 
+// Sets path[i:] of `container` (a dict, or a list where the part is an index) to `value`,
+// making the dicts and lists on the way, as dcp_to_torch_save's unflattening does.
+void put(const c10::IValue& container, const std::vector<md::PathPart>& path, size_t i,
+         const c10::IValue& value, const std::string& key, const std::string& where) {
+  const md::PathPart& part = path[i];
+  const bool last = i + 1 == path.size();
+  auto fresh = [&]() -> c10::IValue {
+    if (last) return value;
+    if (path[i + 1].index) return detail::new_list();
+    return detail::new_dict();
+  };
+  if (part.index) {
+    DDP_CHECK(container.isList(), where, ": key '", key, "' indexes a value that is not a list.");
+    c10::impl::GenericList list = container.toList();
+    const int64_t at = *part.index;
+    DDP_CHECK(at >= 0 && at < (int64_t{1} << 20), where, ": key '", key, "' has the list index ",
+              at, ".");
+    while (static_cast<int64_t>(list.size()) <= at) list.push_back(c10::IValue());
+    if (last || list.get(at).isNone()) list.set(at, fresh());
+    if (!last) put(list.get(at), path, i + 1, value, key, where);
+    return;
+  }
+  DDP_CHECK(container.isGenericDict(), where, ": key '", key,
+            "' nests inside a value that is not a dict.");
+  c10::impl::GenericDict dict = container.toGenericDict();
+  if (last || !dict.contains(part.name)) dict.insert_or_assign(part.name, fresh());
+  if (!last) put(dict.at(part.name), path, i + 1, value, key, where);
+}
+
 }  // namespace
 
 // ---- StateDict ----------------------------------------------------------------------
@@ -322,7 +367,7 @@ at::Tensor read_block(const std::string& dir, const md::Entry& e,
 StateDict& StateDict::add(const std::string& key, Item item) {
   DDP_CHECK(!key.empty(), "ddp::dcp::StateDict: a key must not be empty.");
   DDP_CHECK(!items_.count(key), "ddp::dcp::StateDict: key '", key, "' was added twice.");
-  if (item.path.empty()) item.path = {key};
+  if (item.path.empty()) item.path = {c10::IValue(key)};
   order_.push_back(key);
   items_.emplace(key, std::move(item));
   return *this;
@@ -370,7 +415,7 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
     const std::string key = prefix.empty() ? name : prefix + "." + name;
     Item item;
     item.path =
-        prefix.empty() ? std::vector<std::string>{name} : std::vector<std::string>{prefix, name};
+        prefix.empty() ? std::vector<c10::IValue>{name} : std::vector<c10::IValue>{prefix, name};
     item.tensor = t;
     if (const auto ref = detail::sharded_ref(t)) {
       const detail::ShardedParam& p = *ref.param;
@@ -382,16 +427,19 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
       if (p.sizes.empty()) {
         // A scalar lives on the rank that holds its one row.
         if (p.local_rows == 0) return;
-        item.tensor = t.view({});
-        item.offsets = {};
+        item.offsets = {};  // held as its one-row shard; block_of() views it as a scalar
       } else {
-        item.tensor = t.view(p.shard_sizes(p.local_rows));
+        // At rest the parameter is this rank's rows (Note [Shards in place]): it is held
+        // itself, never through a view, which would outlive fully_shard's swaps of its
+        // storage.
+        DDP_CHECK(t.sizes().vec() == p.shard_sizes(p.local_rows),
+                  "ddp::dcp::StateDict::add_model: '", name,
+                  "' is not at rest (its full parameters are out); add the model "
+                  "between steps.");
         item.offsets.assign(p.sizes.size(), 0);
         item.offsets[0] = p.first_row(r);
       }
-      if (!writer) item.kind = Item::kShard;  // loaded like the others; see save()
-      item.global_size = p.sizes;
-      (void)writer;
+      item.save = writer;  // the other replicas hold the same rows
     } else {
       item.kind = Item::kTensor;
     }
@@ -399,6 +447,173 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
   };
   for (const auto& p : model.named_parameters(/*recurse=*/true)) add_one(p.key(), p.value());
   for (const auto& b : model.named_buffers(/*recurse=*/true)) add_one(b.key(), b.value());
+  return *this;
+}
+
+// Note [Optimizer state in DCP]
+// PyTorch's get_optimizer_state_dict keys the state by parameter name:
+// {"state": {name: {"step": tensor(float32), "exp_avg": ..., ...}},
+//  "param_groups": [{"lr": ..., ..., "params": [name, ...]}]}, and dcp.save flattens it to
+// "optim.state.<name>.exp_avg" and "optim.param_groups.<i>.lr". The same keys here, so
+// that dcp.load into get_state_dict(model, optimizer) of the same architecture just works,
+// and the reverse. Python's optimizers have hyperparameters LibTorch's lack (maximize,
+// foreach, ...): they are written with Python's defaults and optional on load. Loading
+// builds optimizer_state_dict's layout from the staged values and restores it through
+// prepare_optimizer_load, the same path as a checkpoint file.
+StateDict& StateDict::add_optimizer(torch::optim::Optimizer& optimizer,
+                                    const torch::nn::Module& model, const std::string& prefix) {
+  const c10::impl::GenericDict py = detail::optimizer_state_dict(optimizer, model);
+  const std::string type = py.at("type").toStringRef();
+  const c10::impl::GenericDict saved_state = py.at("state").toGenericDict();
+  const c10::impl::GenericList groups = py.at("param_groups").toList();
+  const c10::impl::GenericList names = py.at("param_names").toList();
+  std::vector<at::Tensor> params;
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) params.push_back(p);
+  }
+  auto key_of = [&](const std::vector<c10::IValue>& path) {
+    std::string key;
+    for (const auto& p : path) {
+      key += (key.empty() ? "" : ".") + (p.isInt() ? std::to_string(p.toInt()) : p.toStringRef());
+    }
+    return key;
+  };
+  // The state tensors of each type; "step" is Python's float32 scalar.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string name = names.get(i).toStringRef();
+    DDP_CHECK(!name.empty(), "ddp::dcp::StateDict::add_optimizer: the optimizer's parameter #", i,
+              " is not a parameter of the model given; pass the model the optimizer steps.");
+    const at::Tensor& p = params[i];
+    const auto found = saved_state.find(static_cast<int64_t>(i));
+    c10::impl::GenericDict st =
+        found == saved_state.end() ? detail::new_dict() : found->value().toGenericDict();
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    if (type == "SGD") {
+      if (st.contains("momentum_buffer")) {
+        tensors.emplace_back("momentum_buffer", st.at("momentum_buffer").toTensor());
+      }
+    } else {
+      const int64_t step = st.contains("step") ? st.at("step").toInt() : 0;
+      tensors.emplace_back("step", at::scalar_tensor(static_cast<double>(step), at::kFloat));
+      for (const char* k : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+        if (st.contains(k)) {
+          tensors.emplace_back(k, st.at(k).toTensor());
+        } else if (std::string(k) != "max_exp_avg_sq") {
+          tensors.emplace_back(k, at::zeros_like(p.detach(), at::MemoryFormat::Contiguous).cpu());
+        }
+      }
+    }
+    const auto ref = detail::sharded_ref(p);
+    for (auto& [k, t] : tensors) {
+      Item item;
+      item.path = {prefix, "state", name, k};
+      item.tensor = t;
+      // With HSDP the other replicas hold the same rows: the first writes them.
+      if (ref && ref.unit->replicate()) item.save = ref.unit->replicate()->rank() == 0;
+      if (ref && k != "step") {
+        const detail::ShardedParam& sp = *ref.param;
+        if (sp.sizes.empty() && sp.local_rows == 0) continue;  // a scalar another rank holds
+        item.kind = Item::kShard;
+        item.global_size = sp.sizes;
+        item.offsets.assign(sp.sizes.size(), 0);
+        // (A scalar's state is held in its one-row shape; block_of() views it as a scalar.)
+        if (!sp.sizes.empty()) item.offsets[0] = sp.first_row(ref.unit->group().rank());
+      } else {
+        item.kind = Item::kTensor;
+      }
+      const std::string key = key_of(item.path);
+      add(key, std::move(item));
+    }
+  }
+  // Hyperparameters: LibTorch's (required on load) and Python's others (optional).
+  std::vector<std::pair<std::string, c10::IValue>> extras = {{"maximize", false},
+                                                             {"foreach", c10::IValue()},
+                                                             {"differentiable", false},
+                                                             {"fused", c10::IValue()}};
+  if (type != "SGD") {
+    extras.emplace_back("capturable", false);
+    extras.emplace_back("decoupled_weight_decay", type == "AdamW");
+  }
+  int64_t first = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const c10::impl::GenericDict g = groups.get(gi).toGenericDict();
+    auto add_group_value = [&](const std::string& k, c10::IValue v, bool optional) {
+      Item item;
+      item.kind = Item::kObject;
+      item.path = {prefix, "param_groups", static_cast<int64_t>(gi), k};
+      item.value = std::move(v);
+      item.optional = optional;
+      const std::string key = key_of(item.path);
+      add(key, std::move(item));
+    };
+    for (const auto& entry : g) {
+      const std::string k = entry.key().toStringRef();
+      if (k != "params") add_group_value(k, entry.value(), false);
+    }
+    for (const auto& [k, v] : extras) add_group_value(k, v, true);
+    c10::impl::GenericList group_names = detail::new_list();
+    const int64_t count = static_cast<int64_t>(g.at("params").toList().size());
+    for (int64_t j = 0; j < count; ++j) group_names.push_back(names.get(first + j));
+    add_group_value("params", group_names, false);
+    first += count;
+  }
+  restores_.push_back([&optimizer, &model, prefix, type, names, groups,
+                       key_of](const std::map<std::string, c10::IValue>& staged,
+                               const std::string& where) {
+    auto find_staged = [&](const std::vector<c10::IValue>& path) -> const c10::IValue* {
+      const auto it = staged.find(key_of(path));
+      return it == staged.end() ? nullptr : &it->second;
+    };
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    c10::impl::GenericList out_groups = detail::new_list();
+    int64_t index = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const c10::impl::GenericDict mine = groups.get(gi).toGenericDict();
+      c10::impl::GenericDict g = detail::new_dict();
+      for (const auto& entry : mine) {
+        const std::string k = entry.key().toStringRef();
+        if (k == "params") continue;
+        const c10::IValue* v = find_staged({prefix, "param_groups", static_cast<int64_t>(gi), k});
+        g.insert(k, v ? *v : entry.value());
+      }
+      const c10::IValue* saved_params =
+          find_staged({prefix, "param_groups", static_cast<int64_t>(gi), "params"});
+      const int64_t count = static_cast<int64_t>(mine.at("params").toList().size());
+      std::string listed;
+      if (saved_params && saved_params->isList()) {
+        for (const c10::IValue n : saved_params->toList()) {
+          listed +=
+              (listed.empty() ? "" : ", ") + (n.isString() ? n.toStringRef() : std::string("?"));
+        }
+      }
+      c10::List<int64_t> indices;
+      for (int64_t j = 0; j < count; ++j, ++index) {
+        const std::string name = names.get(index).toStringRef();
+        DDP_CHECK(saved_params && saved_params->isList() &&
+                      static_cast<int64_t>(saved_params->toList().size()) == count &&
+                      saved_params->toList().get(j).isString() &&
+                      saved_params->toList().get(j).toStringRef() == name,
+                  where, ": param group ", gi, " of the checkpoint's optimizer holds [", listed,
+                  "], but this optimizer's holds ", count, " parameters, #", j, " being '", name,
+                  "'. Create the optimizer over the same parameters, in the same groups.");
+        indices.push_back(index);
+        c10::impl::GenericDict s = detail::new_dict();
+        for (const char* k :
+             {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
+          if (const c10::IValue* v = find_staged({prefix, "state", name, k})) s.insert(k, *v);
+        }
+        if (s.size() > 0) state.insert(index, s);
+      }
+      g.insert("params", indices);
+      out_groups.push_back(g);
+    }
+    c10::impl::GenericDict dict = detail::new_dict();
+    dict.insert("state", state);
+    dict.insert("param_groups", out_groups);
+    dict.insert("type", type);
+    dict.insert("param_names", names);
+    return detail::prepare_optimizer_load(optimizer, model, dict, where);
+  });
   return *this;
 }
 
@@ -484,34 +699,38 @@ void load(StateDict& state, const std::string& dir) {
   const md::Metadata meta = read_metadata_of(dir, where);
   std::string missing;
   for (const std::string& key : state.keys()) {
-    if (!meta.entries.count(key)) missing += (missing.empty() ? "'" : ", '") + key + "'";
+    if (!meta.entries.count(key) && !state.item(key).optional) {
+      missing += (missing.empty() ? "'" : ", '") + key + "'";
+    }
   }
   if (!missing.empty()) {
     std::string have;
-    for (size_t i = 0; i < meta.keys.size() && i < 8; ++i)
+    for (size_t i = 0; i < meta.keys.size() && i < 8; ++i) {
       have += (i ? ", '" : "'") + meta.keys[i] + "'";
+    }
     if (meta.keys.size() > 8) have += ", ...";
     detail::throw_error(where + ": the checkpoint has no key " + missing + " (it holds " +
                         std::to_string(meta.keys.size()) + " keys: " + have +
-                        "). Check the prefix given to add_model, or the model.");
+                        "). Check the prefix given to add_model or add_optimizer, or the model.");
   }
   // Stage everything, then apply (Note [DCP load]).
-  std::vector<std::function<void()>> apply;
+  std::map<std::string, c10::IValue> staged;
   for (const std::string& key : state.keys()) {
-    StateDict::Item& item = state.mutable_item(key);
-    const md::Entry& e = meta.entries.at(key);
+    const StateDict::Item& item = state.item(key);
+    const auto found = meta.entries.find(key);
+    if (found == meta.entries.end()) continue;  // optional
+    const md::Entry& e = found->second;
     if (item.kind == StateDict::Item::kObject) {
       DDP_CHECK(!e.is_tensor, where, ": key '", key,
                 "' is a tensor in the checkpoint, not an object.");
       const std::string bytes = read_range(dir, e.object_storage, key, where);
-      c10::IValue v = detail::unpickle(bytes, where + ": key '" + key + "'");
-      apply.push_back([&item, v] { item.value = v; });
+      staged[key] = detail::unpickle(bytes, where + ": key '" + key + "'");
       continue;
     }
     DDP_CHECK(e.is_tensor, where, ": key '", key,
               "' is an object in the checkpoint, not a tensor.");
     const std::vector<int64_t> global =
-        item.kind == StateDict::Item::kShard ? item.global_size : item.tensor.sizes().vec();
+        item.kind == StateDict::Item::kShard ? item.global_size : block_of(item).sizes().vec();
     DDP_CHECK(global == e.size, where, ": key '", key, "' has size ", shape_of(e.size),
               " in the checkpoint, but ", shape_of(global),
               " here. Build the same model before loading.");
@@ -519,14 +738,20 @@ void load(StateDict& state, const std::string& dir) {
     const std::vector<int64_t> offsets = item.kind == StateDict::Item::kShard
                                              ? item.offsets
                                              : std::vector<int64_t>(global.size(), 0);
-    at::Tensor block = read_block(dir, e, offsets, item.tensor.sizes().vec(), key, where);
-    at::Tensor dst = item.tensor;
-    apply.push_back([dst, block]() mutable {
-      at::NoGradGuard no_grad;
-      dst.copy_(block);
-    });
+    staged[key] = read_block(dir, e, offsets, block_of(item).sizes().vec(), key, where);
   }
-  for (auto& f : apply) f();
+  std::vector<std::function<void()>> restores;
+  for (const auto& restore : state.restores_) restores.push_back(restore(staged, where));
+  for (const auto& [key, value] : staged) {
+    StateDict::Item& item = state.mutable_item(key);
+    if (item.kind == StateDict::Item::kObject) {
+      item.value = value;
+    } else {
+      at::NoGradGuard no_grad;
+      block_of(item).copy_(value.toTensor());
+    }
+  }
+  for (auto& f : restores) f();
 }
 
 std::vector<std::string> checkpoint_keys(const std::string& dir) {
@@ -549,16 +774,7 @@ void to_torch_save(const std::string& dir, const std::string& file) {
     }
     std::vector<md::PathPart> path = e.path;
     if (path.empty()) path.push_back(md::PathPart{key, std::nullopt});
-    c10::impl::GenericDict d = root;
-    for (size_t i = 0; i + 1 < path.size(); ++i) {
-      const std::string& k = path[i].name;
-      if (!d.contains(k)) d.insert(k, detail::new_dict());
-      const c10::IValue next = d.at(k);
-      DDP_CHECK(next.isGenericDict(), where, ": key '", key, "' nests inside '", k,
-                "', which holds a value.");
-      d = next.toGenericDict();
-    }
-    d.insert_or_assign(path.back().name, value);
+    put(root, path, 0, value, key, where);
   }
   detail::make_directories(detail::parent_directory(file));
   const std::vector<char> bytes = detail::pickle(root);

@@ -9,6 +9,7 @@
 //   ddp::dcp::StateDict state;
 //   state.add_model(*model);                       // keys "model.<name>", as
 //                                                  // dcp.save({"model": model.state_dict()})
+//   state.add_optimizer(optimizer, *model);       // "optim.state.<name>.exp_avg", ...
 //   state.add_object("step", int64_t{step});
 //   ddp::dcp::save(state, "ckpt/step-100");        // every rank writes its own shards
 //   ...
@@ -21,6 +22,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/arg.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +32,9 @@ namespace torch {
 namespace nn {
 class Module;
 }  // namespace nn
+namespace optim {
+class Optimizer;
+}  // namespace optim
 }  // namespace torch
 
 namespace ddp {
@@ -55,6 +60,16 @@ class StateDict {
   /// ""). A fully_shard parameter is added as this rank's rows (with HSDP, only the
   /// first replica saves them); the others whole.
   StateDict& add_model(const torch::nn::Module& model, const std::string& prefix = "model");
+  /// The state of `optimizer` (torch::optim::SGD, Adam or AdamW over `model`'s
+  /// parameters) in the layout of PyTorch's get_optimizer_state_dict, under `prefix`:
+  /// "optim.state.<parameter name>.<exp_avg|exp_avg_sq|step|...>" (a fully_shard
+  /// parameter's as this rank's rows; step as a float32 scalar) and
+  /// "optim.param_groups.<i>.<lr|betas|...|params>", with the hyperparameters that Python's
+  /// optimizer of the same type has (LibTorch's, and Python's defaults for the others).
+  /// A parameter without state yet gets zeros, as get_optimizer_state_dict initialises
+  /// it. The values are taken now, for save(); load() restores them into `optimizer`.
+  StateDict& add_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
+                           const std::string& prefix = "optim");
 
   /// The value under `key` (after load(), the saved one). Throws if there is none.
   const c10::IValue& object(const std::string& key) const;
@@ -68,13 +83,27 @@ class StateDict {
     std::vector<int64_t> global_size;  // kShard
     std::vector<int64_t> offsets;      // kShard
     c10::IValue value;                 // kObject
-    std::vector<std::string> path;     // the nested dict keys it came from (planner_data)
+    /// The nested keys it came from (planner_data): strings, and ints for list indices.
+    std::vector<c10::IValue> path;
+    /// load() leaves it as it is when the checkpoint lacks it (a hyperparameter that an
+    /// older PyTorch did not have).
+    bool optional = false;
+    /// Whether this rank writes it (false for an HSDP replica other than the first: the
+    /// first writes the same shard).
+    bool save = true;
   };
   const Item& item(const std::string& key) const;
   Item& mutable_item(const std::string& key);
 
  private:
+  friend void load(StateDict& state, const std::string& dir);
   StateDict& add(const std::string& key, Item item);
+  // Restores what the staged values of its keys hold (an optimizer's state), after every
+  // key was read and before anything changes: returns the change to make, or throws.
+  using Restore =
+      std::function<std::function<void()>(const std::map<std::string, c10::IValue>& staged,
+                                          const std::string& where)>;
+  std::vector<Restore> restores_;
   std::vector<std::string> order_;
   std::map<std::string, Item> items_;
 };

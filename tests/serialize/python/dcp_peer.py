@@ -8,11 +8,18 @@ transformer of tests/parallel/python/fsdp_peer.py (FSDP2, Gloo on CPUs).
                                        dcp.saves {"model": ..., "step": 7} to CKPT
   dcp_peer.py to_torch_save CKPT FILE  format_utils.dcp_to_torch_save(CKPT, FILE), then
                                        torch.load(FILE, weights_only=True) must work
+  dcp_peer.py optim DIR CKPT WORLD     FSDP2 and AdamW at WORLD ranks dcp.load
+                                       {"model", "optim"} of get_state_dict from CKPT,
+                                       dcp.save it again to CKPT_py, then train one step on
+                                       DIR/x.bin, DIR/y.bin ([WORLD * k, CTX] tokens, k rows
+                                       per rank) and write the mean loss to DIR/loss.txt and
+                                       the full parameters to DIR/py.bin
 
 Exits 3 (and says why) when this PyTorch has no DCP or no FSDP2.
 """
 
 import faulthandler
+import importlib
 import os
 import sys
 
@@ -84,11 +91,49 @@ def save_worker(rank, d, ckpt, world):
     leave()
 
 
+def optim_worker(rank, d, ckpt, world):
+    import torch.distributed.checkpoint as dcp
+    import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    faulthandler.enable()
+    torch.set_num_threads(1)
+    model = sharded_model(d, rank, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.5)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt + "_py")
+    x = torch.from_numpy(__import__("numpy").fromfile(os.path.join(d, "x.bin"), dtype="int64"))
+    y = torch.from_numpy(__import__("numpy").fromfile(os.path.join(d, "y.bin"), dtype="int64"))
+    from fsdp_peer import CTX, VOCAB
+    x, y = x.view(-1, CTX), y.view(-1, CTX)
+    rows = x.size(0) // world
+    mine = slice(rank * rows, (rank + 1) * rows)
+    loss = F.cross_entropy(model(x[mine]).reshape(-1, VOCAB), y[mine].reshape(-1))
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    mean /= world
+    full = [p.full_tensor().detach().reshape(-1).float() for p in model.parameters()]
+    if rank == 0:
+        with open(os.path.join(d, "loss.txt"), "w") as f:
+            f.write("%.9g\n" % mean.item())
+        torch.cat(full).numpy().tofile(os.path.join(d, "py.bin.part"))
+        os.replace(os.path.join(d, "py.bin.part"), os.path.join(d, "py.bin"))
+    dist.barrier()
+    leave()
+
+
 def main():
     mode = sys.argv[1]
     try:
-        import torch.distributed.checkpoint  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        # importlib: an `import torch.distributed...` here would make `torch` a local name
+        # of main(), unbound in the message below.
+        importlib.import_module("torch.distributed.checkpoint")
+        getattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard")
     except Exception as e:
         print(f"PyTorch {torch.__version__} lacks DCP or FSDP2: {type(e).__name__}: {e}")
         sys.exit(3)
@@ -100,7 +145,7 @@ def main():
         print("keys:", sorted(state.keys()))
         return
     d, ckpt, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
-    worker = {"load": load_worker, "save": save_worker}[mode]
+    worker = {"load": load_worker, "save": save_worker, "optim": optim_worker}[mode]
     mp.start_processes(worker, args=(d, ckpt, world), nprocs=world, start_method="spawn")
 
 

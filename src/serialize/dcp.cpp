@@ -26,8 +26,10 @@
 #include "formats/optimizer_state.h"
 #include "formats/pickle_io.h"
 #include "fsdp/shard_unit.h"
+#include "optim/zero_state.h"
 
 #include <ddp/distributed/default_group.h>
+#include <ddp/distributed/groups.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -37,9 +39,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 namespace ddp {
 namespace dcp {
@@ -183,6 +189,17 @@ md::Metadata merge(const std::vector<md::Metadata>& parts) {
                                 e.chunk_storage.end());
     }
   }
+  // A tensor that no rank wrote (state that only some optimizers have) is left out.
+  std::vector<std::string> kept;
+  for (const std::string& key : all.keys) {
+    const md::Entry& e = all.entries.at(key);
+    if (e.is_tensor && e.chunks.empty()) {
+      all.entries.erase(key);
+    } else {
+      kept.push_back(key);
+    }
+  }
+  all.keys = std::move(kept);
   return all;
 }
 
@@ -460,8 +477,127 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
 // foreach, ...): they are written with Python's defaults and optional on load. Loading
 // builds optimizer_state_dict's layout from the staged values and restores it through
 // prepare_optimizer_load, the same path as a checkpoint file.
+namespace {
+
+std::string join_key(const std::vector<c10::IValue>& path) {
+  std::string key;
+  for (const auto& p : path) {
+    key += (key.empty() ? "" : ".") + (p.isInt() ? std::to_string(p.toInt()) : p.toStringRef());
+  }
+  return key;
+}
+
+// optim.param_groups.<i>.<hyperparameter> and .params (the parameters' names) of `groups`
+// (optimizer_state_dict's param_groups, "params" holding indices into `names`).
+void add_group_items(StateDict& state, const c10::impl::GenericList& groups,
+                     const c10::impl::GenericList& names, const std::string& type,
+                     const std::string& prefix) {
+  auto add_item = [&state](StateDict::Item item) {
+    const std::string key = join_key(item.path);
+    state.add_item(key, std::move(item));
+  };
+  // Hyperparameters: LibTorch's (required on load) and Python's others (optional).
+  std::vector<std::pair<std::string, c10::IValue>> extras = {{"maximize", false},
+                                                             {"foreach", c10::IValue()},
+                                                             {"differentiable", false},
+                                                             {"fused", c10::IValue()}};
+  if (type != "SGD") {
+    extras.emplace_back("capturable", false);
+    extras.emplace_back("decoupled_weight_decay", type == "AdamW");
+  }
+  int64_t first = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const c10::impl::GenericDict g = groups.get(gi).toGenericDict();
+    auto add_group_value = [&](const std::string& k, c10::IValue v, bool optional) {
+      StateDict::Item item;
+      item.kind = StateDict::Item::kObject;
+      item.path = {prefix, "param_groups", static_cast<int64_t>(gi), k};
+      item.value = std::move(v);
+      item.optional = optional;
+      add_item(std::move(item));
+    };
+    for (const auto& entry : g) {
+      const std::string k = entry.key().toStringRef();
+      if (k != "params") add_group_value(k, entry.value(), false);
+    }
+    for (const auto& [k, v] : extras) add_group_value(k, v, true);
+    c10::impl::GenericList group_names = detail::new_list();
+    const int64_t count = static_cast<int64_t>(g.at("params").toList().size());
+    for (int64_t j = 0; j < count; ++j) group_names.push_back(names.get(first + j));
+    add_group_value("params", group_names, false);
+    first += count;
+  }
+}
+
+// optimizer_state_dict's layout of the staged values of an optimizer's keys: "state" by
+// index into `names`, "param_groups" as `groups` with the saved hyperparameters, "type"
+// and "param_names"; throws when the checkpoint's groups list other parameters.
+c10::impl::GenericDict staged_optimizer_state(const std::map<std::string, c10::IValue>& staged,
+                                              const std::string& prefix, const std::string& type,
+                                              const c10::impl::GenericList& names,
+                                              const c10::impl::GenericList& groups,
+                                              const std::string& where) {
+  auto find_staged = [&](const std::vector<c10::IValue>& path) -> const c10::IValue* {
+    const auto it = staged.find(join_key(path));
+    return it == staged.end() ? nullptr : &it->second;
+  };
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList out_groups = detail::new_list();
+  int64_t index = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const c10::impl::GenericDict mine = groups.get(gi).toGenericDict();
+    c10::impl::GenericDict g = detail::new_dict();
+    for (const auto& entry : mine) {
+      const std::string k = entry.key().toStringRef();
+      if (k == "params") continue;
+      const c10::IValue* v = find_staged({prefix, "param_groups", static_cast<int64_t>(gi), k});
+      g.insert(k, v ? *v : entry.value());
+    }
+    const c10::IValue* saved_params =
+        find_staged({prefix, "param_groups", static_cast<int64_t>(gi), "params"});
+    const int64_t count = static_cast<int64_t>(mine.at("params").toList().size());
+    std::string listed;
+    if (saved_params && saved_params->isList()) {
+      for (const c10::IValue n : saved_params->toList()) {
+        listed +=
+            (listed.empty() ? "" : ", ") + (n.isString() ? n.toStringRef() : std::string("?"));
+      }
+    }
+    c10::List<int64_t> indices;
+    for (int64_t j = 0; j < count; ++j, ++index) {
+      const std::string name = names.get(index).toStringRef();
+      DDP_CHECK(saved_params && saved_params->isList() &&
+                    static_cast<int64_t>(saved_params->toList().size()) == count &&
+                    saved_params->toList().get(j).isString() &&
+                    saved_params->toList().get(j).toStringRef() == name,
+                where, ": param group ", gi, " of the checkpoint's optimizer holds [", listed,
+                "], but this optimizer's holds ", count, " parameters, #", j, " being '", name,
+                "'. Create the optimizer over the same parameters, in the same groups.");
+      indices.push_back(index);
+      c10::impl::GenericDict s = detail::new_dict();
+      for (const char* k : {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
+        if (const c10::IValue* v = find_staged({prefix, "state", name, k})) s.insert(k, *v);
+      }
+      if (s.size() > 0) state.insert(index, s);
+    }
+    g.insert("params", indices);
+    out_groups.push_back(g);
+  }
+  c10::impl::GenericDict dict = detail::new_dict();
+  dict.insert("state", state);
+  dict.insert("param_groups", out_groups);
+  dict.insert("type", type);
+  dict.insert("param_names", names);
+  return dict;
+}
+
+}  // namespace
+
 StateDict& StateDict::add_optimizer(torch::optim::Optimizer& optimizer,
                                     const torch::nn::Module& model, const std::string& prefix) {
+  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) {
+    return add_zero_optimizer(*zero, model, prefix);
+  }
   const c10::impl::GenericDict py = detail::optimizer_state_dict(optimizer, model);
   const std::string type = py.at("type").toStringRef();
   const c10::impl::GenericDict saved_state = py.at("state").toGenericDict();
@@ -471,13 +607,6 @@ StateDict& StateDict::add_optimizer(torch::optim::Optimizer& optimizer,
   for (const auto& g : optimizer.param_groups()) {
     for (const auto& p : g.params()) params.push_back(p);
   }
-  auto key_of = [&](const std::vector<c10::IValue>& path) {
-    std::string key;
-    for (const auto& p : path) {
-      key += (key.empty() ? "" : ".") + (p.isInt() ? std::to_string(p.toInt()) : p.toStringRef());
-    }
-    return key;
-  };
   // The state tensors of each type; "step" is Python's float32 scalar.
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string name = names.get(i).toStringRef();
@@ -521,99 +650,111 @@ StateDict& StateDict::add_optimizer(torch::optim::Optimizer& optimizer,
       } else {
         item.kind = Item::kTensor;
       }
-      const std::string key = key_of(item.path);
+      const std::string key = join_key(item.path);
       add(key, std::move(item));
     }
   }
-  // Hyperparameters: LibTorch's (required on load) and Python's others (optional).
-  std::vector<std::pair<std::string, c10::IValue>> extras = {{"maximize", false},
-                                                             {"foreach", c10::IValue()},
-                                                             {"differentiable", false},
-                                                             {"fused", c10::IValue()}};
-  if (type != "SGD") {
-    extras.emplace_back("capturable", false);
-    extras.emplace_back("decoupled_weight_decay", type == "AdamW");
-  }
-  int64_t first = 0;
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const c10::impl::GenericDict g = groups.get(gi).toGenericDict();
-    auto add_group_value = [&](const std::string& k, c10::IValue v, bool optional) {
-      Item item;
-      item.kind = Item::kObject;
-      item.path = {prefix, "param_groups", static_cast<int64_t>(gi), k};
-      item.value = std::move(v);
-      item.optional = optional;
-      const std::string key = key_of(item.path);
-      add(key, std::move(item));
-    };
-    for (const auto& entry : g) {
-      const std::string k = entry.key().toStringRef();
-      if (k != "params") add_group_value(k, entry.value(), false);
+  add_group_items(*this, groups, names, type, prefix);
+  restores_.push_back(
+      [&optimizer, &model, prefix, type, names,
+       groups](const std::map<std::string, c10::IValue>& staged, const std::string& where) {
+        const c10::impl::GenericDict dict =
+            staged_optimizer_state(staged, prefix, type, names, groups, where);
+        return detail::prepare_optimizer_load(optimizer, model, dict, where);
+      });
+  return *this;
+}
+
+// ZeroRedundancyOptimizer: each rank steps whole parameters (zero.owners()), so each state
+// tensor is written whole by its owner (a one-chunk shard of the full tensor) under the
+// same keys as a plain optimizer's (Note [Optimizer state in DCP]). On load every rank
+// reads all of them and keeps its own partition's, at any world size, through the same
+// path as a checkpoint file's (prepare_zero_load).
+StateDict& StateDict::add_zero_optimizer(ZeroRedundancyOptimizer& zero,
+                                         const torch::nn::Module& model,
+                                         const std::string& prefix) {
+  const torch::optim::Optimizer& local = zero.local_optimizer();
+  const c10::impl::GenericDict py = detail::optimizer_state_dict(local, model);
+  const std::string type = py.at("type").toStringRef();
+  const int me = zero.process_group()->rank();
+  // This rank's state, by parameter name.
+  std::map<std::string, c10::impl::GenericDict> mine;
+  {
+    const c10::impl::GenericDict st = py.at("state").toGenericDict();
+    const c10::impl::GenericList local_names = py.at("param_names").toList();
+    for (const auto& e : st) {
+      mine.emplace(local_names.get(e.key().toInt()).toStringRef(), e.value().toGenericDict());
     }
-    for (const auto& [k, v] : extras) add_group_value(k, v, true);
-    c10::impl::GenericList group_names = detail::new_list();
-    const int64_t count = static_cast<int64_t>(g.at("params").toList().size());
-    for (int64_t j = 0; j < count; ++j) group_names.push_back(names.get(first + j));
-    add_group_value("params", group_names, false);
-    first += count;
   }
-  restores_.push_back([&optimizer, &model, prefix, type, names, groups,
-                       key_of](const std::map<std::string, c10::IValue>& staged,
-                               const std::string& where) {
-    auto find_staged = [&](const std::vector<c10::IValue>& path) -> const c10::IValue* {
-      const auto it = staged.find(key_of(path));
-      return it == staged.end() ? nullptr : &it->second;
-    };
-    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-    c10::impl::GenericList out_groups = detail::new_list();
-    int64_t index = 0;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      const c10::impl::GenericDict mine = groups.get(gi).toGenericDict();
-      c10::impl::GenericDict g = detail::new_dict();
-      for (const auto& entry : mine) {
-        const std::string k = entry.key().toStringRef();
-        if (k == "params") continue;
-        const c10::IValue* v = find_staged({prefix, "param_groups", static_cast<int64_t>(gi), k});
-        g.insert(k, v ? *v : entry.value());
-      }
-      const c10::IValue* saved_params =
-          find_staged({prefix, "param_groups", static_cast<int64_t>(gi), "params"});
-      const int64_t count = static_cast<int64_t>(mine.at("params").toList().size());
-      std::string listed;
-      if (saved_params && saved_params->isList()) {
-        for (const c10::IValue n : saved_params->toList()) {
-          listed +=
-              (listed.empty() ? "" : ", ") + (n.isString() ? n.toStringRef() : std::string("?"));
+  std::map<c10::TensorImpl*, std::string> names;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  }
+  c10::impl::GenericList all_names = detail::new_list();
+  c10::impl::GenericList groups = detail::new_list();
+  const auto& local_groups = py.at("param_groups").toList();
+  size_t index = 0;
+  for (size_t gi = 0; gi < zero.param_groups().size(); ++gi) {
+    c10::impl::GenericDict g = detail::new_dict();
+    for (const auto& e : local_groups.get(gi).toGenericDict()) {
+      if (e.key().toStringRef() != "params") g.insert(e.key(), e.value());
+    }
+    c10::List<int64_t> params;
+    for (const auto& p : zero.param_groups()[gi].params()) {
+      const auto it = names.find(p.unsafeGetTensorImpl());
+      DDP_CHECK(it != names.end(),
+                "ddp::dcp::StateDict::add_optimizer: the optimizer's parameter #", index,
+                " is not a parameter of the model given; pass the model the optimizer steps.");
+      const std::string name = it->second;
+      all_names.push_back(name);
+      params.push_back(static_cast<int64_t>(index));
+      const bool owner = zero.owners()[index] == me;
+      const auto found = mine.find(name);
+      const c10::impl::GenericDict st = found == mine.end() ? detail::new_dict() : found->second;
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      if (type == "SGD") {
+        if (st.contains("momentum_buffer") || !owner) {
+          tensors.emplace_back("momentum_buffer", st.contains("momentum_buffer")
+                                                      ? st.at("momentum_buffer").toTensor()
+                                                      : at::zeros_like(p.detach()).cpu());
+        }
+      } else {
+        const int64_t step = st.contains("step") ? st.at("step").toInt() : 0;
+        tensors.emplace_back("step", at::scalar_tensor(static_cast<double>(step), at::kFloat));
+        for (const char* k : {"exp_avg", "exp_avg_sq"}) {
+          tensors.emplace_back(k, st.contains(k) ? st.at(k).toTensor()
+                                                 : at::zeros_like(p.detach()).cpu());
+        }
+        if (st.contains("max_exp_avg_sq")) {
+          tensors.emplace_back("max_exp_avg_sq", st.at("max_exp_avg_sq").toTensor());
         }
       }
-      c10::List<int64_t> indices;
-      for (int64_t j = 0; j < count; ++j, ++index) {
-        const std::string name = names.get(index).toStringRef();
-        DDP_CHECK(saved_params && saved_params->isList() &&
-                      static_cast<int64_t>(saved_params->toList().size()) == count &&
-                      saved_params->toList().get(j).isString() &&
-                      saved_params->toList().get(j).toStringRef() == name,
-                  where, ": param group ", gi, " of the checkpoint's optimizer holds [", listed,
-                  "], but this optimizer's holds ", count, " parameters, #", j, " being '", name,
-                  "'. Create the optimizer over the same parameters, in the same groups.");
-        indices.push_back(index);
-        c10::impl::GenericDict s = detail::new_dict();
-        for (const char* k :
-             {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
-          if (const c10::IValue* v = find_staged({prefix, "state", name, k})) s.insert(k, *v);
-        }
-        if (s.size() > 0) state.insert(index, s);
+      for (auto& [k, t] : tensors) {
+        Item item;
+        item.path = {prefix, "state", name, k};
+        item.kind = Item::kShard;  // whole, written by its owner only
+        item.tensor = t;
+        item.global_size = t.sizes().vec();
+        item.offsets.assign(item.global_size.size(), 0);
+        item.save = owner;
+        // Written only where the owner has it; a key no rank wrote is dropped (merge).
+        item.optional = k == "max_exp_avg_sq" || k == "momentum_buffer";
+        const std::string key = join_key(item.path);
+        add(key, std::move(item));
       }
-      g.insert("params", indices);
-      out_groups.push_back(g);
+      ++index;
     }
-    c10::impl::GenericDict dict = detail::new_dict();
-    dict.insert("state", state);
-    dict.insert("param_groups", out_groups);
-    dict.insert("type", type);
-    dict.insert("param_names", names);
-    return detail::prepare_optimizer_load(optimizer, model, dict, where);
-  });
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  add_group_items(*this, groups, all_names, type, prefix);
+  restores_.push_back(
+      [&zero, &model, prefix, type, all_names,
+       groups](const std::map<std::string, c10::IValue>& staged, const std::string& where) {
+        const c10::impl::GenericDict dict =
+            staged_optimizer_state(staged, prefix, type, all_names, groups, where);
+        return detail::prepare_zero_load(zero, model, dict, where);
+      });
   return *this;
 }
 
@@ -692,6 +833,116 @@ void save(const StateDict& state, const std::string& dir, const SaveOptions& opt
   if (!verdict.empty()) {
     detail::throw_error("ddp::dcp::save('" + dir + "') failed on rank 0: " + verdict);
   }
+}
+
+// ---- async_save -------------------------------------------------------------------------
+
+// Note [DCP async save]
+// async_save copies the state's tensors (clones on the host) at the call, then a thread
+// runs save() on the copy. save()'s exchanges (Note [DCP save]) run on a group made for
+// this save with new_group over the save group's ranks, at the call, where every rank is;
+// the training's collectives on the save group go on meanwhile without interleaving with
+// them. The previous async_save on the same group is waited for first, so one is in flight
+// per group, and its group is released then, when every rank is past it. The last one
+// stays held until the process ends (never destroyed during exit): wait() for it before
+// leaving, or a kill mid-save leaves its folder without .metadata, refused as unfinished.
+
+}  // namespace dcp
+
+namespace detail {
+
+struct DcpAsyncSave {
+  std::thread thread;
+  std::atomic<bool> finished{false};
+  std::exception_ptr error;
+  std::shared_ptr<ProcessGroup> group;  // the save's own group, held until the next save
+  std::mutex join_mutex;
+
+  void join() {
+    std::lock_guard<std::mutex> lock(join_mutex);
+    if (thread.joinable()) thread.join();
+  }
+};
+
+}  // namespace detail
+
+namespace dcp {
+namespace {
+
+std::mutex& async_mutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+// The last async_save per save group (nullptr: no group), never destroyed at exit.
+std::map<const ProcessGroup*, std::shared_ptr<::ddp::detail::DcpAsyncSave>>& async_saves() {
+  static auto* saves =
+      new std::map<const ProcessGroup*, std::shared_ptr<::ddp::detail::DcpAsyncSave>>();
+  return *saves;
+}
+
+// A copy of `state` whose tensors are host clones, taken now.
+StateDict snapshot(const StateDict& state) {
+  StateDict copy;
+  for (const std::string& key : state.keys()) {
+    StateDict::Item item = state.item(key);
+    if (item.kind != StateDict::Item::kObject) {
+      item.tensor = item.tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+    copy.add_item(key, std::move(item));
+  }
+  return copy;
+}
+
+}  // namespace
+
+void AsyncSaveHandle::wait() {
+  if (!state_) return;
+  state_->join();
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool AsyncSaveHandle::done() const { return !state_ || state_->finished.load(); }
+
+AsyncSaveHandle async_save(const StateDict& state, const std::string& dir,
+                           const SaveOptions& options) {
+  const std::shared_ptr<ProcessGroup> group = save_group(options);
+  std::shared_ptr<::ddp::detail::DcpAsyncSave> previous;
+  {
+    std::lock_guard<std::mutex> lock(async_mutex());
+    auto& saves = async_saves();
+    const auto it = saves.find(group.get());
+    if (it != saves.end()) previous = it->second;
+  }
+  if (previous) {
+    previous->join();
+    if (previous->error) {
+      {
+        std::lock_guard<std::mutex> lock(async_mutex());
+        async_saves().erase(group.get());
+      }
+      std::rethrow_exception(previous->error);
+    }
+  }
+  auto next = std::make_shared<::ddp::detail::DcpAsyncSave>();
+  if (group) next->group = new_group(group->ranks(), GroupOptions(), group);
+  StateDict copy = snapshot(state);
+  {
+    std::lock_guard<std::mutex> lock(async_mutex());
+    async_saves()[group.get()] = next;  // releases the previous one and its group
+  }
+  previous.reset();
+  next->thread = std::thread([next, copy = std::move(copy), dir]() mutable {
+    try {
+      save(copy, dir, SaveOptions().process_group(next->group));
+    } catch (...) {
+      next->error = std::current_exception();
+    }
+    next->finished = true;
+  });
+  AsyncSaveHandle handle;
+  handle.state_ = next;
+  return handle;
 }
 
 void load(StateDict& state, const std::string& dir) {

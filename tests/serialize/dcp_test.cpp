@@ -13,11 +13,20 @@
 
 #include <ddp/distributed/device_mesh.h>
 #include <ddp/fsdp/fully_shard.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/serialize/dcp.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <thread>
+
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -231,6 +240,87 @@ TEST(Dcp, OptimizerStateSurvivesResharding) {
   EXPECT_GT(exp_avg.abs().max().item<double>(), 0);  // the state is not all zeros
 }
 
+// ZeroRedundancyOptimizer at 2 ranks saves (each state tensor whole, by the rank that
+// steps it); fully_shard with Adam at 4 ranks loads (the state resharded into rows) and
+// saves again: the same bits.
+TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
+  ddp_test::TempDir dir;
+  const std::string first = dir.file("zero"), second = dir.file("fsdp");
+  ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    auto model = make_model(5);
+    ddp::ZeroRedundancyOptimizer zero(model->parameters(), torch::optim::AdamOptions(1e-2),
+                                      ddp::ZeroRedundancyOptimizerOptions().process_group(
+                                          ddp_test::borrow(pg)));
+    for (int step = 0; step < 2; ++step) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);  // the same on every rank
+      at::Tensor x = at::randint(ddp_test::kVocab, {2, ddp_test::kCtx}, gen, at::kLong);
+      at::Tensor y = at::randint(ddp_test::kVocab, {2 * ddp_test::kCtx}, gen, at::kLong);
+      at::cross_entropy_loss(model->forward(x).reshape({-1, ddp_test::kVocab}), y).backward();
+      zero.step();
+      zero.zero_grad();
+    }
+    ddp::dcp::StateDict state;
+    state.add_model(*model).add_optimizer(zero, *model);
+    ddp::dcp::save(state, first, ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg)));
+  });
+  ddp_test::run_thread_groups(4, [&](ddp::ProcessGroup& pg) {
+    auto model = make_model(9);
+    auto unit = shard(model, pg);
+    torch::optim::Adam opt(unit->parameters(), torch::optim::AdamOptions(0.5));
+    {
+      ddp::dcp::StateDict state;
+      state.add_model(*model).add_optimizer(opt, *model);
+      ddp::dcp::load(state, first);
+    }
+    ddp::dcp::StateDict again;
+    again.add_model(*model).add_optimizer(opt, *model);
+    ddp::dcp::save(again, second, ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg)));
+  });
+  // The reference: one process, plain Adam, the same steps.
+  {
+    auto model = make_model(5);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < 2; ++step) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+      at::Tensor x = at::randint(ddp_test::kVocab, {2, ddp_test::kCtx}, gen, at::kLong);
+      at::Tensor y = at::randint(ddp_test::kVocab, {2 * ddp_test::kCtx}, gen, at::kLong);
+      at::cross_entropy_loss(model->forward(x).reshape({-1, ddp_test::kVocab}), y).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+    ddp::dcp::StateDict state;
+    state.add_model(*model).add_optimizer(opt, *model);
+    ddp::dcp::save(state, dir.file("plain"));
+  }
+  ddp::dcp::to_torch_save(dir.file("plain"), dir.file("plain.pt"));
+  ddp::dcp::to_torch_save(first, dir.file("first.pt"));
+  ddp::dcp::to_torch_save(second, dir.file("second.pt"));
+  const auto ref = ddp::detail::unpickle(ddp::detail::read_file(dir.file("plain.pt")), "plain");
+  const auto a = ddp::detail::unpickle(ddp::detail::read_file(dir.file("first.pt")), "first");
+  const auto b = ddp::detail::unpickle(ddp::detail::read_file(dir.file("second.pt")), "second");
+  std::string diff;
+  EXPECT_TRUE(same_value(ref, a, "", &diff)) << "ZeRO's checkpoint against plain Adam's: " << diff;
+  EXPECT_TRUE(same_value(a, b, "", &diff)) << diff;
+  // And back: ZeRO at 3 ranks loads the fully_shard checkpoint; each rank steps its part.
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    auto model = make_model(9);
+    ddp::ZeroRedundancyOptimizer zero(model->parameters(), torch::optim::AdamOptions(0.5),
+                                      ddp::ZeroRedundancyOptimizerOptions().process_group(
+                                          ddp_test::borrow(pg)));
+    ddp::dcp::StateDict state;
+    state.add_model(*model).add_optimizer(zero, *model);
+    ddp::dcp::load(state, second);
+    EXPECT_EQ(zero.param_groups()[0].options().get_lr(), 1e-2);
+    const std::string third = dir.file("zero3");
+    ddp::dcp::StateDict again;
+    again.add_model(*model).add_optimizer(zero, *model);
+    ddp::dcp::save(again, third, ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg)));
+  });
+  ddp::dcp::to_torch_save(dir.file("zero3"), dir.file("third.pt"));
+  const auto c = ddp::detail::unpickle(ddp::detail::read_file(dir.file("third.pt")), "third");
+  EXPECT_TRUE(same_value(a, c, "", &diff)) << diff;
+}
+
 // HSDP (2 x 2): the second replica holds the same rows as the first and does not write
 // them again; the checkpoint loads into a plain model whole.
 TEST(Dcp, HsdpWritesEachShardOnce) {
@@ -259,6 +349,105 @@ TEST(Dcp, HsdpWritesEachShardOnce) {
   std::map<std::string, at::Tensor> want;
   for (const auto& p : make_model(5)->named_parameters()) want[p.key()] = p.value().detach();
   expect_params(*plain, want, "hsdp");
+}
+
+// async_save copies the state at the call: the model changes at once (as the next step
+// would), and the checkpoint still holds the values of the call. Two in a row: the
+// second waits for the first; both are whole.
+TEST(Dcp, AsyncSaveHoldsTheValuesOfTheCall) {
+  ddp_test::TempDir dir;
+  std::map<std::string, at::Tensor> want;
+  for (const auto& p : make_model(5)->named_parameters()) want[p.key()] = p.value().detach();
+  ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
+    auto model = make_model(5);
+    shard(model, pg);
+    ddp::dcp::StateDict state;
+    state.add_model(*model);
+    const auto options = ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg));
+    ddp::dcp::AsyncSaveHandle first = ddp::dcp::async_save(state, dir.file("a"), options);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.fill_(7);
+    }
+    // The training's own collectives go on beside the save's.
+    at::Tensor t = at::ones({1000});
+    pg.all_reduce(t);
+    EXPECT_EQ(t[0].item<float>(), 2.0f);
+    ddp::dcp::AsyncSaveHandle second = ddp::dcp::async_save(state, dir.file("b"), options);
+    EXPECT_TRUE(first.done());  // waited for by the second
+    second.wait();
+    first.wait();
+  });
+  auto from_a = make_model(9);
+  ddp::dcp::StateDict a;
+  a.add_model(*from_a);
+  ddp::dcp::load(a, dir.file("a"));
+  expect_params(*from_a, want, "async save a");
+  auto from_b = make_model(9);
+  ddp::dcp::StateDict b;
+  b.add_model(*from_b);
+  ddp::dcp::load(b, dir.file("b"));
+  for (const auto& p : from_b->parameters()) {
+    EXPECT_TRUE(p.eq(7).all().item<bool>()) << "async save b";
+  }
+}
+
+// Async saves of a 32 MB model into step-<n>, one per step, every parameter filled with
+// the step; at step 4 a watcher SIGKILLs the process as soon as the save's data file has
+// bytes in it.
+DDP_SCENARIO(dcp_async_kill) {
+  torch::set_num_threads(1);
+  const std::string dir = ddp_test::env_or("DDP_DCP_DIR", "");
+  torch::nn::Linear big(4096, 2048);
+  ddp::dcp::StateDict state;
+  state.add_model(*big, "model");
+  for (int64_t step = 1;; ++step) {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : big->parameters()) p.fill_(static_cast<double>(step));
+    }
+    const std::string target = dir + "/step-" + std::to_string(step);
+    if (step == 4) {
+      std::thread([target] {
+        const std::string data = target + "/__0_0.distcp";
+        while (true) {
+          struct stat st {};
+          if (::stat(data.c_str(), &st) == 0 && st.st_size > 0) ::raise(SIGKILL);
+        }
+      }).detach();
+    }
+    ddp::dcp::async_save(state, target).wait();
+  }
+}
+
+TEST(DcpMultiProcTest, AKillDuringAnAsyncSaveLeavesTheLastCheckpointWhole) {
+  ddp_test::TempDir tmp;
+  ddp_test::ProcessOptions o;
+  o.launcher_env = false;
+  o.env["DDP_DCP_DIR"] = tmp.path();
+  o.timeout = std::chrono::seconds(90);
+  const auto results = ddp_test::run_processes(1, "dcp_async_kill", o);
+  ASSERT_EQ(results[0].exit_code, 128 + SIGKILL) << results[0].output;
+  for (int step : {3, 4}) {
+    torch::nn::Linear big(4096, 2048);
+    ddp::dcp::StateDict state;
+    state.add_model(*big);
+    const std::string where = tmp.file("step-" + std::to_string(step));
+    const std::string msg = ddp_test::error_of([&] { ddp::dcp::load(state, where); });
+    if (step == 4) {
+      std::printf("the save killed at step 4: %s\n",
+                  msg == "<no exception>" ? "had finished (whole)" : "refused as unfinished");
+    }
+    if (step == 4 && msg != "<no exception>") {
+      // Killed before .metadata: refused as unfinished, nothing loaded.
+      EXPECT_NE(msg.find("has no .metadata"), std::string::npos) << msg;
+      continue;
+    }
+    ASSERT_EQ(msg, "<no exception>") << "step " << step;
+    for (const auto& p : big->parameters()) {
+      EXPECT_TRUE(p.eq(static_cast<double>(step)).all().item<bool>()) << "step " << step;
+    }
+  }
 }
 
 // ---- damaged checkpoints -------------------------------------------------------------

@@ -38,6 +38,11 @@ class Optimizer;
 }  // namespace torch
 
 namespace ddp {
+class ZeroRedundancyOptimizer;
+namespace detail {
+struct DcpAsyncSave;
+}  // namespace detail
+
 namespace dcp {
 
 /// A state dict for DCP, flattened: each key names a tensor held whole, one rank's block
@@ -68,6 +73,9 @@ class StateDict {
   /// optimizer of the same type has (LibTorch's, and Python's defaults for the others).
   /// A parameter without state yet gets zeros, as get_optimizer_state_dict initialises
   /// it. The values are taken now, for save(); load() restores them into `optimizer`.
+  /// A ZeroRedundancyOptimizer (passed as itself or as its base) is saved under the same
+  /// keys, each state tensor whole by the rank that steps it, and loads at any world size
+  /// (or into a plain or sharded optimizer, and the reverse).
   StateDict& add_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
                            const std::string& prefix = "optim");
 
@@ -94,10 +102,14 @@ class StateDict {
   };
   const Item& item(const std::string& key) const;
   Item& mutable_item(const std::string& key);
+  /// Adds an item as it is (its path, flags and all).
+  StateDict& add_item(const std::string& key, Item item) { return add(key, std::move(item)); }
 
  private:
   friend void load(StateDict& state, const std::string& dir);
   StateDict& add(const std::string& key, Item item);
+  StateDict& add_zero_optimizer(ZeroRedundancyOptimizer& zero, const torch::nn::Module& model,
+                                const std::string& prefix);
   // Restores what the staged values of its keys hold (an optimizer's state), after every
   // key was read and before anything changes: returns the change to make, or throws.
   using Restore =
@@ -121,6 +133,32 @@ struct SaveOptions {
 /// on every rank and leaves no `.metadata`. Saving into a folder that holds a checkpoint
 /// first removes its `.metadata`, so a crash in between leaves it refused, not mixed.
 void save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
+
+/// What async_save returns: wait() for the save, or let the next async_save wait for it.
+class AsyncSaveHandle {
+ public:
+  AsyncSaveHandle() = default;
+  /// Blocks until the save has finished; rethrows its error (every rank gets it, as from
+  /// save()). Waiting again returns at once (or rethrows again).
+  void wait();
+  /// Whether the save has finished (without blocking).
+  bool done() const;
+
+ private:
+  friend AsyncSaveHandle async_save(const StateDict&, const std::string&, const SaveOptions&);
+  std::shared_ptr<::ddp::detail::DcpAsyncSave> state_;
+};
+
+/// torch.distributed.checkpoint.async_save: copies every tensor of `state` to host memory
+/// now, so that training may change the model at once, and writes the checkpoint in a
+/// background thread, as save() does (Note [DCP async save]). Collective over the group,
+/// at the call. This process's previous async_save is waited for first (and its error
+/// rethrown here), so at most one is in flight. Its exchanges run on a group of their
+/// own, made from the save's group at the first call, so they never interleave with the
+/// training's collectives. A crash while it writes leaves the folder without `.metadata`:
+/// refused as unfinished, and every earlier checkpoint whole.
+AsyncSaveHandle async_save(const StateDict& state, const std::string& dir,
+                           const SaveOptions& options = {});
 
 /// Loads every key of `state` from the checkpoint in `dir`, written by save() or by
 /// Python's dcp.save at any world size: each tensor gets the saved elements of its block

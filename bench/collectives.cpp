@@ -13,6 +13,7 @@
 #include <ddp/distributed/process_group.h>
 
 #include "bench_args.h"
+#include "bench_timing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,27 +30,10 @@
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
-// Median seconds of `call` after 2 warm-up calls: the slowest rank's median, since a
-// collective ends when its last rank is done.
 double time_calls(ddp::ProcessGroup& pg, int iters, const std::function<void()>& call) {
-  for (int i = 0; i < 2; ++i) call();
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    pg.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    call();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  auto m = at::full({1}, median(times), at::kDouble);
-  pg.all_reduce(m, ddp::ReduceOp::MAX);
-  return m.item<double>();
+  return bench::time_calls(pg, iters, call, /*warmup=*/2);
 }
 
 struct Op {

@@ -3,7 +3,7 @@
 // and C++ fully_shard at 3 ranks and a plain C++ model load it; Python's dcp_to_torch_save
 // converts a C++ checkpoint. Every comparison is bit for bit.
 
-#include "parallel/fsdp_test_models.h"
+#include "serialize/dcp_test_models.h"
 #include "formats/atomic_file.h"
 #include "formats/pickle_io.h"
 #include "support/harness.h"
@@ -25,22 +25,8 @@ namespace {
 
 using ddp_test::TinyGptImpl;
 
-std::shared_ptr<TinyGptImpl> make_model(uint64_t seed) {
-  auto model = std::make_shared<TinyGptImpl>();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  return model;
-}
-
-ddp::FullyShard<TinyGptImpl> shard(const std::shared_ptr<TinyGptImpl>& model,
-                                   ddp::ProcessGroup& pg) {
-  auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
-  for (size_t i = 0; i < model->blocks->size(); ++i) {
-    ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
-  }
-  return ddp::fully_shard(model, opts);
-}
+using ddp_test::make_tiny_gpt;
+using ddp_test::shard_tiny_gpt;
 
 at::Tensor flat(const torch::nn::Module& model) {
   std::vector<at::Tensor> parts;
@@ -67,10 +53,10 @@ bool peer(const std::string& args) {
 TEST(DcpPython, FullyShardAtThreeSavesAndFsdp2AtTwoLoads) {
   ddp_test::TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  const at::Tensor want = flat(*make_model(5));
+  const at::Tensor want = flat(*make_tiny_gpt(5));
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
-    shard(model, pg);
+    auto model = make_tiny_gpt(5);
+    shard_tiny_gpt(model, pg);
     ddp::dcp::StateDict state;
     state.add_model(*model).add_object("step", int64_t{7});
     ddp::dcp::save(state, ckpt, ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg)));
@@ -86,7 +72,7 @@ TEST(DcpPython, FullyShardAtThreeSavesAndFsdp2AtTwoLoads) {
           .toGenericDict();
   EXPECT_EQ(whole.at("step").toInt(), 7);
   const auto model = whole.at("model").toGenericDict();
-  auto ref = make_model(5);
+  auto ref = make_tiny_gpt(5);
   for (const auto& p : ref->named_parameters()) {
     ASSERT_TRUE(model.contains(p.key())) << p.key();
     EXPECT_TRUE(ddp_test::same_bits(model.at(p.key()).toTensor(), p.value().detach())) << p.key();
@@ -96,25 +82,25 @@ TEST(DcpPython, FullyShardAtThreeSavesAndFsdp2AtTwoLoads) {
 TEST(DcpPython, Fsdp2AtTwoSavesAndFullyShardAtThreeAndAPlainModelLoad) {
   ddp_test::TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  const at::Tensor init = flat(*make_model(5));
+  const at::Tensor init = flat(*make_tiny_gpt(5));
   ddp_test::write_bytes(dir.file("init.bin"), init);
   if (!peer("save " + dir.path() + " " + ckpt + " 2")) GTEST_SKIP();
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(9);
-    shard(model, pg);
+    auto model = make_tiny_gpt(9);
+    shard_tiny_gpt(model, pg);
     ddp::dcp::StateDict state;
     state.add_model(*model).add_object("step", int64_t{0});
     ddp::dcp::load(state, ckpt);
     EXPECT_EQ(state.object("step").toInt(), 7);
     const auto full = ddp::full_state_dict(*model);
     if (pg.rank() != 0) return;
-    auto ref = make_model(5);
+    auto ref = make_tiny_gpt(5);
     for (const auto& p : ref->named_parameters()) {
       ASSERT_TRUE(full.contains(p.key())) << p.key();
       EXPECT_TRUE(ddp_test::same_bits(full.at(p.key()), p.value().detach())) << p.key();
     }
   });
-  auto plain = make_model(9);
+  auto plain = make_tiny_gpt(9);
   ddp::dcp::StateDict state;
   state.add_model(*plain);
   ddp::dcp::load(state, ckpt);
@@ -143,8 +129,8 @@ TEST(DcpPython, AdamWStateLoadsIntoFsdp2AndTheNextStepAgrees) {
   double cpp_loss = 0;
   at::Tensor cpp_params;
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
-    auto unit = shard(model, pg);
+    auto model = make_tiny_gpt(5);
+    auto unit = shard_tiny_gpt(model, pg);
     torch::optim::AdamW opt(unit->parameters(), torch::optim::AdamWOptions(1e-2));
     auto loss_on = [&](const at::Tensor& xs, const at::Tensor& ys) {
       return at::cross_entropy_loss(unit(xs).reshape({-1, ddp_test::kVocab}), ys.reshape({-1}));
@@ -170,7 +156,7 @@ TEST(DcpPython, AdamWStateLoadsIntoFsdp2AndTheNextStepAgrees) {
     if (r == 0) {
       cpp_loss = mean.item<double>() / 3;
       std::vector<at::Tensor> parts;
-      for (const auto& p : make_model(5)->named_parameters()) {
+      for (const auto& p : make_tiny_gpt(5)->named_parameters()) {
         parts.push_back(full.at(p.key()).reshape({-1}));
       }
       cpp_params = at::cat(parts);

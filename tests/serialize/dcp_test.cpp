@@ -3,7 +3,7 @@
 // objects round-trip; and damaged checkpoints are refused with their messages, leaving the
 // model as it was.
 
-#include "parallel/fsdp_test_models.h"
+#include "serialize/dcp_test_models.h"
 #include "formats/atomic_file.h"
 #include "formats/dcp_metadata.h"
 #include "formats/pickle_io.h"
@@ -41,34 +41,20 @@ namespace {
 namespace md = ddp::detail::dcp;
 using ddp_test::TinyGptImpl;
 
-std::shared_ptr<TinyGptImpl> make_model(uint64_t seed) {
-  auto model = std::make_shared<TinyGptImpl>();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  return model;
-}
-
-ddp::FullyShard<TinyGptImpl> shard(const std::shared_ptr<TinyGptImpl>& model,
-                                   ddp::ProcessGroup& pg) {
-  auto opts = ddp::FullyShardOptions().process_group(ddp_test::borrow(pg));
-  for (size_t i = 0; i < model->blocks->size(); ++i) {
-    ddp::fully_shard(model->blocks->ptr<ddp_test::BlockImpl>(i), opts);
-  }
-  return ddp::fully_shard(model, opts);
-}
+using ddp_test::make_tiny_gpt;
+using ddp_test::shard_tiny_gpt;
 
 // Saves the model of seed 5 (sharded at `world` ranks, or plain at 0) to `dir`, with two
 // objects; returns its full parameters.
 std::map<std::string, at::Tensor> save_model(const std::string& dir, int world) {
   std::map<std::string, at::Tensor> full;
   auto body = [&](ddp::ProcessGroup* pg) {
-    auto model = make_model(5);
+    auto model = make_tiny_gpt(5);
     for (const auto& p : model->named_parameters()) {
       if (!pg || pg->rank() == 0) full[p.key()] = p.value().detach().clone();
     }
     ddp::FullyShard<TinyGptImpl> unit{nullptr};
-    if (pg) unit = shard(model, *pg);
+    if (pg) unit = shard_tiny_gpt(model, *pg);
     ddp::dcp::StateDict state;
     state.add_model(*model).add_object("step", int64_t{42}).add_object("tag", std::string("dcp"));
     ddp::dcp::save(state, dir,
@@ -80,44 +66,6 @@ std::map<std::string, at::Tensor> save_model(const std::string& dir, int world) 
     ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) { body(&pg); });
   }
   return full;
-}
-
-// Whether two unpickled values are the same, tensors bit for bit; `path` names the first
-// difference.
-bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& path,
-                std::string* diff) {
-  auto differ = [&](const std::string& what) {
-    *diff = path + ": " + what;
-    return false;
-  };
-  if (a.isTensor() && b.isTensor()) {
-    return ddp_test::same_bits(a.toTensor(), b.toTensor()) ? true : differ("tensors differ");
-  }
-  if (a.isGenericDict() && b.isGenericDict()) {
-    const auto da = a.toGenericDict(), db = b.toGenericDict();
-    if (da.size() != db.size()) return differ("sizes differ");
-    for (const auto& e : da) {
-      const auto it = db.find(e.key());
-      if (it == db.end()) return differ("key missing");
-      const std::string key =
-          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
-      if (!same_value(e.value(), it->value(), path + "." + key, diff)) return false;
-    }
-    return true;
-  }
-  if (a.isList() && b.isList()) {
-    const auto la = a.toList(), lb = b.toList();
-    if (la.size() != lb.size()) return differ("lengths differ");
-    for (size_t i = 0; i < la.size(); ++i) {
-      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff))
-        return false;
-    }
-    return true;
-  }
-  std::ostringstream sa, sb;
-  sa << a;
-  sb << b;
-  return sa.str() == sb.str() ? true : differ(sa.str() + " vs " + sb.str());
 }
 
 void expect_params(const torch::nn::Module& model, const std::map<std::string, at::Tensor>& want,
@@ -140,8 +88,8 @@ TEST(Dcp, FullyShardAtThreeLoadsAtTwoAndIntoAPlainModel) {
     EXPECT_TRUE(ddp::detail::file_exists(ckpt + "/" + f)) << f;
   }
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(9);  // other values, replaced by the load
-    auto unit = shard(model, pg);
+    auto model = make_tiny_gpt(9);  // other values, replaced by the load
+    auto unit = shard_tiny_gpt(model, pg);
     ddp::dcp::StateDict state;
     state.add_model(*model).add_object("step", int64_t{0}).add_object("tag", std::string());
     ddp::dcp::load(state, ckpt);
@@ -155,7 +103,7 @@ TEST(Dcp, FullyShardAtThreeLoadsAtTwoAndIntoAPlainModel) {
       }
     }
   });
-  auto plain = make_model(9);
+  auto plain = make_tiny_gpt(9);
   ddp::dcp::StateDict state;
   state.add_model(*plain);
   ddp::dcp::load(state, ckpt);
@@ -187,8 +135,8 @@ TEST(Dcp, OptimizerStateSurvivesResharding) {
   ddp_test::TempDir dir;
   const std::string first = dir.file("at3"), second = dir.file("at2");
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
-    auto unit = shard(model, pg);
+    auto model = make_tiny_gpt(5);
+    auto unit = shard_tiny_gpt(model, pg);
     torch::optim::AdamW opt(unit->parameters(), torch::optim::AdamWOptions(1e-2));
     for (int step = 0; step < 2; ++step) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + pg.rank());
@@ -209,8 +157,8 @@ TEST(Dcp, OptimizerStateSurvivesResharding) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
   }
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(9);
-    auto unit = shard(model, pg);
+    auto model = make_tiny_gpt(9);
+    auto unit = shard_tiny_gpt(model, pg);
     torch::optim::AdamW opt(unit->parameters(), torch::optim::AdamWOptions(0.5));
     {
       ddp::dcp::StateDict state;
@@ -227,7 +175,7 @@ TEST(Dcp, OptimizerStateSurvivesResharding) {
   const auto a = ddp::detail::unpickle(ddp::detail::read_file(dir.file("first.pt")), "first");
   const auto b = ddp::detail::unpickle(ddp::detail::read_file(dir.file("second.pt")), "second");
   std::string diff;
-  EXPECT_TRUE(same_value(a, b, "", &diff)) << diff;
+  EXPECT_TRUE(ddp_test::same_value(a, b, "", &diff)) << diff;
   const auto exp_avg = a.toGenericDict()
                            .at("optim")
                            .toGenericDict()
@@ -247,7 +195,7 @@ TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
   ddp_test::TempDir dir;
   const std::string first = dir.file("zero"), second = dir.file("fsdp");
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
+    auto model = make_tiny_gpt(5);
     ddp::ZeroRedundancyOptimizer zero(model->parameters(), torch::optim::AdamOptions(1e-2),
                                       ddp::ZeroRedundancyOptimizerOptions().process_group(
                                           ddp_test::borrow(pg)));
@@ -264,8 +212,8 @@ TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
     ddp::dcp::save(state, first, ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg)));
   });
   ddp_test::run_thread_groups(4, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(9);
-    auto unit = shard(model, pg);
+    auto model = make_tiny_gpt(9);
+    auto unit = shard_tiny_gpt(model, pg);
     torch::optim::Adam opt(unit->parameters(), torch::optim::AdamOptions(0.5));
     {
       ddp::dcp::StateDict state;
@@ -278,7 +226,7 @@ TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
   });
   // The reference: one process, plain Adam, the same steps.
   {
-    auto model = make_model(5);
+    auto model = make_tiny_gpt(5);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
     for (int step = 0; step < 2; ++step) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
@@ -299,11 +247,12 @@ TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
   const auto a = ddp::detail::unpickle(ddp::detail::read_file(dir.file("first.pt")), "first");
   const auto b = ddp::detail::unpickle(ddp::detail::read_file(dir.file("second.pt")), "second");
   std::string diff;
-  EXPECT_TRUE(same_value(ref, a, "", &diff)) << "ZeRO's checkpoint against plain Adam's: " << diff;
-  EXPECT_TRUE(same_value(a, b, "", &diff)) << diff;
+  EXPECT_TRUE(ddp_test::same_value(ref, a, "", &diff))
+      << "ZeRO's checkpoint against plain Adam's: " << diff;
+  EXPECT_TRUE(ddp_test::same_value(a, b, "", &diff)) << diff;
   // And back: ZeRO at 3 ranks loads the fully_shard checkpoint; each rank steps its part.
   ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(9);
+    auto model = make_tiny_gpt(9);
     ddp::ZeroRedundancyOptimizer zero(model->parameters(), torch::optim::AdamOptions(0.5),
                                       ddp::ZeroRedundancyOptimizerOptions().process_group(
                                           ddp_test::borrow(pg)));
@@ -318,7 +267,7 @@ TEST(Dcp, ZeroAtTwoSavesAndFullyShardAtFourLoads) {
   });
   ddp::dcp::to_torch_save(dir.file("zero3"), dir.file("third.pt"));
   const auto c = ddp::detail::unpickle(ddp::detail::read_file(dir.file("third.pt")), "third");
-  EXPECT_TRUE(same_value(a, c, "", &diff)) << diff;
+  EXPECT_TRUE(ddp_test::same_value(a, c, "", &diff)) << diff;
 }
 
 // HSDP (2 x 2): the second replica holds the same rows as the first and does not write
@@ -327,7 +276,7 @@ TEST(Dcp, HsdpWritesEachShardOnce) {
   ddp_test::TempDir dir;
   const std::string ckpt = dir.file("ckpt");
   ddp_test::run_thread_groups(4, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
+    auto model = make_tiny_gpt(5);
     ddp::DeviceMesh mesh("cpu", at::arange(4, at::kLong).view({2, 2}), {"replicate", "shard"},
                          ddp_test::borrow(pg));
     const auto opts = ddp::FullyShardOptions().mesh(mesh);
@@ -342,12 +291,12 @@ TEST(Dcp, HsdpWritesEachShardOnce) {
   // Ranks 2 and 3 (the second replica) wrote nothing but their empty files.
   EXPECT_EQ(ddp::detail::read_file(ckpt + "/__2_0.distcp").size(), 0u);
   EXPECT_GT(ddp::detail::read_file(ckpt + "/__1_0.distcp").size(), 0u);
-  auto plain = make_model(9);
+  auto plain = make_tiny_gpt(9);
   ddp::dcp::StateDict state;
   state.add_model(*plain);
   ddp::dcp::load(state, ckpt);
   std::map<std::string, at::Tensor> want;
-  for (const auto& p : make_model(5)->named_parameters()) want[p.key()] = p.value().detach();
+  for (const auto& p : make_tiny_gpt(5)->named_parameters()) want[p.key()] = p.value().detach();
   expect_params(*plain, want, "hsdp");
 }
 
@@ -357,10 +306,10 @@ TEST(Dcp, HsdpWritesEachShardOnce) {
 TEST(Dcp, AsyncSaveHoldsTheValuesOfTheCall) {
   ddp_test::TempDir dir;
   std::map<std::string, at::Tensor> want;
-  for (const auto& p : make_model(5)->named_parameters()) want[p.key()] = p.value().detach();
+  for (const auto& p : make_tiny_gpt(5)->named_parameters()) want[p.key()] = p.value().detach();
   ddp_test::run_thread_groups(2, [&](ddp::ProcessGroup& pg) {
-    auto model = make_model(5);
-    shard(model, pg);
+    auto model = make_tiny_gpt(5);
+    shard_tiny_gpt(model, pg);
     ddp::dcp::StateDict state;
     state.add_model(*model);
     const auto options = ddp::dcp::SaveOptions().process_group(ddp_test::borrow(pg));
@@ -378,12 +327,12 @@ TEST(Dcp, AsyncSaveHoldsTheValuesOfTheCall) {
     second.wait();
     first.wait();
   });
-  auto from_a = make_model(9);
+  auto from_a = make_tiny_gpt(9);
   ddp::dcp::StateDict a;
   a.add_model(*from_a);
   ddp::dcp::load(a, dir.file("a"));
   expect_params(*from_a, want, "async save a");
-  auto from_b = make_model(9);
+  auto from_b = make_tiny_gpt(9);
   ddp::dcp::StateDict b;
   b.add_model(*from_b);
   ddp::dcp::load(b, dir.file("b"));
@@ -625,7 +574,7 @@ TEST_P(DcpDamageTest, IsRefusedAndTheModelStaysAsItWas) {
   const std::string ckpt = dir.file("ckpt");
   save_model(ckpt, 3);
   damage.apply(ckpt);
-  auto model = make_model(9);
+  auto model = make_tiny_gpt(9);
   std::map<std::string, at::Tensor> before;
   for (const auto& p : model->named_parameters()) before[p.key()] = p.value().detach().clone();
   ddp::dcp::StateDict state;

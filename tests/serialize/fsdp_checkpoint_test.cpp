@@ -75,50 +75,13 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-/// Whether two unpickled values are the same, tensors bit for bit; `path` names the
-/// first difference.
-bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& path,
-                std::string* diff) {
-  auto differ = [&](const std::string& what) {
-    *diff = path + ": " + what;
-    return false;
-  };
-  if (a.isTensor() && b.isTensor()) {
-    return ddp_test::same_bits(a.toTensor(), b.toTensor()) ? true : differ("tensors differ");
-  }
-  if (a.isGenericDict() && b.isGenericDict()) {
-    const auto da = a.toGenericDict(), db = b.toGenericDict();
-    if (da.size() != db.size()) return differ("sizes differ");
-    for (const auto& e : da) {
-      const auto it = db.find(e.key());
-      if (it == db.end()) return differ("key missing");
-      const std::string key =
-          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
-      if (!same_value(e.value(), it->value(), path + "." + key, diff)) return false;
-    }
-    return true;
-  }
-  if (a.isList() && b.isList()) {
-    const auto la = a.toList(), lb = b.toList();
-    if (la.size() != lb.size()) return differ("lengths differ");
-    for (size_t i = 0; i < la.size(); ++i) {
-      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff))
-        return false;
-    }
-    return true;
-  }
-  std::ostringstream sa, sb;
-  sa << a;
-  sb << b;
-  return sa.str() == sb.str() ? true : differ(sa.str() + " vs " + sb.str());
-}
-
 void expect_same_checkpoint(const std::string& a, const std::string& b) {
   const c10::IValue va = ddp::detail::unpickle(read_all(a), "a");
   const c10::IValue vb = ddp::detail::unpickle(read_all(b), "b");
   for (const char* key : {"model", "optimizer"}) {
     std::string diff;
-    EXPECT_TRUE(same_value(va.toGenericDict().at(key), vb.toGenericDict().at(key), key, &diff))
+    EXPECT_TRUE(
+        ddp_test::same_value(va.toGenericDict().at(key), vb.toGenericDict().at(key), key, &diff))
         << a << " vs " << b << ": " << diff;
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace ddp_test {
 
@@ -24,6 +25,42 @@ std::string self_exe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& path,
+                std::string* diff) {
+  auto differ = [&](const std::string& what) {
+    *diff = path + ": " + what;
+    return false;
+  };
+  if (a.isTensor() && b.isTensor()) {
+    return same_bits(a.toTensor(), b.toTensor()) ? true : differ("tensors differ");
+  }
+  if (a.isGenericDict() && b.isGenericDict()) {
+    const auto da = a.toGenericDict(), db = b.toGenericDict();
+    if (da.size() != db.size()) return differ("sizes differ");
+    for (const auto& e : da) {
+      const auto it = db.find(e.key());
+      if (it == db.end()) return differ("key missing");
+      const std::string key =
+          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
+      if (!same_value(e.value(), it->value(), path + "." + key, diff)) return false;
+    }
+    return true;
+  }
+  if (a.isList() && b.isList()) {
+    const auto la = a.toList(), lb = b.toList();
+    if (la.size() != lb.size()) return differ("lengths differ");
+    for (size_t i = 0; i < la.size(); ++i) {
+      if (!same_value(la.get(i), lb.get(i), path + "[" + std::to_string(i) + "]", diff))
+        return false;
+    }
+    return true;
+  }
+  std::ostringstream sa, sb;
+  sa << a;
+  sb << b;
+  return sa.str() == sb.str() ? true : differ(sa.str() + " vs " + sb.str());
 }
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {

@@ -4,6 +4,7 @@
 // tensors compared bit for bit, tensors in files for Python peers, a scenario's failure, and EXPECT_ERROR_HAS.
 
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,6 +23,11 @@ std::string self_exe();
 /// Same dtype, shape and bytes: bit-identical, unlike at::equal for -0.0 and NaN.
 /// Either tensor may be non-contiguous or on a device.
 bool same_bits(const at::Tensor& a, const at::Tensor& b);
+
+/// Whether two unpickled values (tensors, dicts, lists, scalars, nested) are the same,
+/// tensors bit for bit; when not, *diff names the first difference under `path`.
+bool same_value(const c10::IValue& a, const c10::IValue& b, const std::string& path,
+                std::string* diff);
 
 /// The largest absolute difference of `a` and `b` (in double), for failure messages.
 double max_diff(const at::Tensor& a, const at::Tensor& b);

@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bar", "plain", "none"}));
   app.add_flag("--resume", resume, "Continue from the latest checkpoint in <run-dir>/<name>");
+  std::string checkpoint_format;
+  app.add_option("--checkpoint-format", checkpoint_format, examples::kCheckpointFormatHelp)
+      ->check(CLI::IsMember({"", "file", "dcp"}));
   app.add_flag("--amp", amp,
                "Mixed precision: the forward pass in bfloat16 on a CPU, in "
                "float16 with a gradient scaler on a GPU (weights and gradients stay float32)");
@@ -273,7 +276,10 @@ int main(int argc, char** argv) {
 
     // Checkpoints every epoch, for --resume: model, optimizer, epoch, sampler, RNG (and
     // with --amp the gradient scaler's scale and growth tracker).
-    const ddp::CheckpointOptions checkpoints((out_dir / "checkpoints").string());
+    // With --fsdp, DCP folders: each rank writes its own shards, nothing gathered.
+    const ddp::CheckpointOptions checkpoints =
+        ddp::CheckpointOptions((out_dir / "checkpoints").string())
+            .format(examples::checkpoint_format(checkpoint_format, fsdp));
     ddp::Checkpoint checkpoint(*model);
     checkpoint.optimizer(&optimizer).sampler(&sampler);
     if (amp) checkpoint.grad_scaler(&scaler);

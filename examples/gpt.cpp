@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
           log_every = 10, seed = 42, sample_length = 300;
   double learning_rate = 1e-3, weight_decay = 0.1, grad_norm_clip = 1.0;
   int threads = 0, timeout_s = 1800;
-  std::string backend, run_dir = "runs", name = "gpt", prompt, save_init;
+  std::string backend, run_dir = "runs", name = "gpt", prompt, save_init, checkpoint_format;
   bool resume = false, amp = false, zero = false, fsdp = false, activation_checkpointing = false,
        no_save = false;
 
@@ -160,6 +160,8 @@ int main(int argc, char** argv) {
   app.add_option("--save-init", save_init,
                  "Write the initial weights to this file (torch.load reads it; gpt.py --init)");
   app.add_flag("--resume", resume, "Continue from the latest checkpoint in <run-dir>/<name>");
+  app.add_option("--checkpoint-format", checkpoint_format, examples::kCheckpointFormatHelp)
+      ->check(CLI::IsMember({"", "file", "dcp"}));
   app.add_flag("--amp", amp,
                "Mixed precision: bfloat16 autocast on a CPU, float16 with a gradient "
                "scaler on a GPU");
@@ -274,7 +276,10 @@ int main(int argc, char** argv) {
     const int64_t steps_per_epoch = (micro_batches + grad_accum - 1) / grad_accum;
 
     // Checkpoints: model, AdamW (or its shards), epoch, step, sampler position, RNG.
-    const ddp::CheckpointOptions checkpoints((out_dir / "checkpoints").string());
+    // With --fsdp or --zero, DCP folders: each rank writes its own shards, nothing gathered.
+    const ddp::CheckpointOptions checkpoints =
+        ddp::CheckpointOptions((out_dir / "checkpoints").string())
+            .format(examples::checkpoint_format(checkpoint_format, fsdp || zero));
     ddp::Checkpoint checkpoint(*model);
     if (zero_optimizer)
       checkpoint.optimizer(zero_optimizer);

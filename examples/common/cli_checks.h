@@ -3,6 +3,8 @@
 // Checks for the examples' numeric flags whose messages say what was expected and what
 // was seen ("--epochs: expected a number > 0, got 0"), instead of CLI11's range text.
 
+#include <ddp/serialize/checkpoint.h>
+
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -34,5 +36,17 @@ inline constexpr const char* kBackendHelp =
     "gloo, nccl or shm. Empty: \"nccl\" where LibTorch has CUDA and a GPU is visible; on CPUs "
     "\"shm\" when every rank shares this host, else \"gloo\" (or \"hier\", shared memory "
     "within hosts and Gloo between them).";
+
+/// The --checkpoint-format flag's help and meaning.
+inline constexpr const char* kCheckpointFormatHelp =
+    "file: one <step>.pt that rank 0 writes (torch.load reads it); dcp: a folder in "
+    "PyTorch's Distributed Checkpoint format that every rank writes its shards to (dcp.load "
+    "reads it). Empty: dcp when the state is sharded (--fsdp, --zero), else file. --resume "
+    "reads either.";
+
+inline ddp::CheckpointFormat checkpoint_format(const std::string& flag, bool sharded) {
+  if (flag == "dcp" || (flag.empty() && sharded)) return ddp::CheckpointFormat::kDcp;
+  return ddp::CheckpointFormat::kFile;
+}
 
 }  // namespace examples

@@ -104,6 +104,20 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 || errno == ENOENT;
+  bool ok = true;
+  for (const std::string& name : list_directory(path)) ok = remove_tree(path + "/" + name) && ok;
+  return (::rmdir(path.c_str()) == 0 || errno == ENOENT) && ok;
+}
+
 void make_directories(const std::string& directory) {
   DDP_CHECK(!directory.empty(), "the checkpoint directory is empty; expected a path");
   std::string partial;

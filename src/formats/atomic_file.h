@@ -18,6 +18,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
+bool is_directory(const std::string& path);
+
+/// rm -r: removes a folder and everything in it; a missing one is not an error. Returns
+/// false on other failures.
+bool remove_tree(const std::string& path);
 
 /// mkdir -p. Throws, naming the directory, on failure.
 void make_directories(const std::string& directory);

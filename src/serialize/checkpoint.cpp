@@ -33,6 +33,8 @@ namespace {
 constexpr const char* kFormat = "ddp-cpp checkpoint";
 constexpr int64_t kVersion = 1;
 
+}  // namespace
+
 // What only this rank knows: its sampler position and its RNG states.
 std::string rank_part(const Checkpoint& checkpoint) {
   c10::impl::GenericDict part = new_dict();
@@ -46,6 +48,8 @@ std::string rank_part(const Checkpoint& checkpoint) {
   }
   return pickle_string(part);
 }
+
+namespace {
 
 c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
                                     const std::vector<c10::impl::GenericDict>& parts) {
@@ -77,10 +81,11 @@ c10::impl::GenericDict sampler_dict(const DistributedSampler& sampler,
   return d;
 }
 
-std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
-                             const std::vector<std::string>& part_bytes,
-                             const std::optional<c10::impl::GenericDict>& sharded_state,
-                             const std::optional<c10::Dict<std::string, at::Tensor>>& full_model) {
+}  // namespace
+
+c10::impl::GenericDict checkpoint_entries(const Checkpoint& checkpoint,
+                                          const CheckpointGroup& group,
+                                          const std::vector<std::string>& part_bytes) {
   std::vector<c10::impl::GenericDict> parts;
   for (size_t r = 0; r < part_bytes.size(); ++r) {
     parts.push_back(as_dict(unpickle(part_bytes[r], "save_checkpoint"),
@@ -92,16 +97,6 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
   top.insert("world_size", static_cast<int64_t>(group.size));
   top.insert("epoch", checkpoint.epoch());
   top.insert("step", checkpoint.step());
-  top.insert("model", full_model ? *full_model : cpu_state_dict(*checkpoint.model()));
-  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state,
-            "save_checkpoint: rank 0 of "
-            "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
-            "where its state was gathered. Use the optimizer's group for the checkpoint.");
-  if (checkpoint.optimizer() != nullptr) {
-    top.insert("optimizer",
-               sharded_state ? sharded_state.value()
-                             : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
-  }
   if (checkpoint.sampler() != nullptr) {
     top.insert("sampler", sampler_dict(*checkpoint.sampler(), parts));
   }
@@ -121,6 +116,35 @@ std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup
     top.insert("scaler", checkpoint.grad_scaler()->state_dict());
   }
   top.insert("extra", checkpoint.extra());
+  return top;
+}
+
+namespace {
+
+std::vector<char> build_file(const Checkpoint& checkpoint, const CheckpointGroup& group,
+                             const std::vector<std::string>& part_bytes,
+                             const std::optional<c10::impl::GenericDict>& sharded_state,
+                             const std::optional<c10::Dict<std::string, at::Tensor>>& full_model) {
+  // The file's keys in their order: format, version, world_size, epoch, step, model,
+  // optimizer, then the rest.
+  const c10::impl::GenericDict entries = checkpoint_entries(checkpoint, group, part_bytes);
+  c10::impl::GenericDict top = new_dict();
+  for (const char* key : {"format", "version", "world_size", "epoch", "step"}) {
+    top.insert(key, entries.at(key));
+  }
+  top.insert("model", full_model ? *full_model : cpu_state_dict(*checkpoint.model()));
+  DDP_CHECK(!checkpoint.sharded_optimizer() || sharded_state,
+            "save_checkpoint: rank 0 of "
+            "the checkpoint's group is not rank 0 of the ZeroRedundancyOptimizer's group, "
+            "where its state was gathered. Use the optimizer's group for the checkpoint.");
+  if (checkpoint.optimizer() != nullptr) {
+    top.insert("optimizer",
+               sharded_state ? sharded_state.value()
+                             : optimizer_state_dict(*checkpoint.optimizer(), *checkpoint.model()));
+  }
+  for (const auto& e : entries) {
+    if (!top.contains(e.key())) top.insert(e.key(), e.value());
+  }
   return pickle(top);
 }
 
@@ -287,8 +311,94 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   detail::save_checkpoint_with(path, checkpoint, nullptr, nullptr);
 }
 
+namespace detail {
+
+PreparedEntries prepare_entries_load(const Checkpoint& checkpoint, const CheckpointGroup& group,
+                                     const c10::impl::GenericDict& top, const std::string& where) {
+  const auto format = top.find("format");
+  DDP_CHECK(format != top.end() && format->value().isString() &&
+                format->value().toStringRef() == kFormat,
+            where, ": not a ddp-cpp checkpoint (",
+            format == top.end()          ? std::string("it has no 'format' key")
+            : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
+                                         : "its format is a " + format->value().tagKind(),
+            "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
+            "ddp::read_state_dict; for a DCP checkpoint that Python's dcp.save wrote, "
+            "ddp::dcp::load.");
+  const int64_t version = get_int(top, "version", "the checkpoint", where);
+  DDP_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
+            " is newer than this library reads (", kVersion, "); update ddp-cpp.");
+  PreparedEntries out;
+  out.epoch = get_int(top, "epoch", "the checkpoint", where);
+  out.step = get_int(top, "step", "the checkpoint", where);
+  const int64_t world_size = get_int(top, "world_size", "the checkpoint", where);
+  const c10::impl::GenericDict extra_generic =
+      as_dict(get(top, "extra", "the checkpoint", where), "'extra'", where);
+  for (const auto& entry : extra_generic) {
+    DDP_CHECK(entry.key().isString(), where, ": 'extra' should have string keys");
+    out.extra.insert(entry.key(), entry.value());
+  }
+
+  auto require = [&](const char* key, const char* setter) {
+    DDP_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
+              "' (it was saved without Checkpoint::", setter,
+              "), but this Checkpoint asks "
+              "to restore one. Load with Checkpoint::",
+              setter, key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
+  };
+  if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
+  if (checkpoint.rng()) require("rng", "rng");
+  if (checkpoint.powersgd() != nullptr) require("powersgd", "powersgd");
+
+  std::vector<Apply>& steps = out.steps;
+  if (checkpoint.sampler() != nullptr) {
+    steps.push_back(prepare_sampler_load(*checkpoint.sampler(),
+                                         get(top, "sampler", "the checkpoint", where), where));
+  }
+  if (checkpoint.grad_scaler() != nullptr) {
+    steps.push_back(prepare_scaler_load(*checkpoint.grad_scaler(), top, where));
+  }
+  if (checkpoint.rng()) {
+    const c10::IValue rng_value = get(top, "rng", "the checkpoint", where);
+    DDP_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
+              ": 'rng' should be a non-empty list (one entry per rank)");
+    const c10::impl::GenericList rng = rng_value.toList();
+    // Same world size: each rank its own state; else rank r takes r % saved ranks.
+    DDP_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size, where,
+              ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
+              "; the checkpoint is corrupt.");
+    const size_t index = static_cast<size_t>(group.rank) % rng.size();
+    steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
+  }
+  if (checkpoint.powersgd() != nullptr) {
+    const c10::IValue value = get(top, "powersgd", "the checkpoint", where);
+    DDP_CHECK(value.isList() && static_cast<int64_t>(value.toList().size()) == world_size, where,
+              ": 'powersgd' should be a list with one entry per rank (", world_size,
+              "); the checkpoint is corrupt.");
+    DDP_CHECK(world_size == group.size, where, ": the PowerSGD state was saved by ", world_size,
+              " ranks and is loaded by ", group.size,
+              "; its error feedback is each rank's own. Resume with ", world_size,
+              " ranks, or load without Checkpoint::powersgd (compression then starts afresh).");
+    // Validated on a copy (load_state_dict throws before it changes anything); applied
+    // with the rest.
+    auto staged = std::make_shared<PowerSGDState>(*checkpoint.powersgd());
+    staged->load_state_dict(as_dict(value.toList().get(static_cast<size_t>(group.rank)),
+                                    "'powersgd'", where),
+                            *checkpoint.model());
+    PowerSGDState* target = checkpoint.powersgd();
+    steps.push_back([staged, target] { *target = *staged; });
+  }
+  return out;
+}
+
+}  // namespace detail
+
 void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   using namespace detail;
+  if (is_directory(path)) {  // a DCP folder (or a sharded folder of the older format)
+    load_sharded_checkpoint(path, checkpoint);
+    return;
+  }
   const CheckpointGroup group = checkpoint_group(checkpoint);
   const std::string where = "load_checkpoint('" + path + "')" +
                             (group.size > 1 ? " on rank " + std::to_string(group.rank) : "");
@@ -299,42 +409,12 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
             "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
-  const auto format = top.find("format");
-  DDP_CHECK(format != top.end() && format->value().isString() &&
-                format->value().toStringRef() == kFormat,
-            where, ": not a ddp-cpp checkpoint (",
-            format == top.end()          ? std::string("it has no 'format' key")
-            : format->value().isString() ? "its format is '" + format->value().toStringRef() + "'"
-                                         : "its format is a " + format->value().tagKind(),
-            "). For a plain state dict, such as torch.save(model.state_dict()) writes, use "
-            "ddp::read_state_dict.");
-  const int64_t version = get_int(top, "version", "the file", where);
-  DDP_CHECK(version <= kVersion, where, ": checkpoint format version ", version,
-            " is newer than this library reads (", kVersion, "); update ddp-cpp.");
-  const int64_t epoch = get_int(top, "epoch", "the file", where);
-  const int64_t step = get_int(top, "step", "the file", where);
-  const int64_t world_size = get_int(top, "world_size", "the file", where);
-  const c10::impl::GenericDict extra_generic =
-      as_dict(get(top, "extra", "the file", where), "'extra'", where);
-  CheckpointExtra extra(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& entry : extra_generic) {
-    DDP_CHECK(entry.key().isString(), where, ": 'extra' should have string keys");
-    extra.insert(entry.key(), entry.value());
-  }
-
-  auto require = [&](const char* key, const char* setter) {
-    DDP_CHECK(top.contains(key), where, ": the checkpoint has no '", key,
-              "' (it was saved without Checkpoint::", setter,
-              "), but this Checkpoint asks "
-              "to restore one. Load with Checkpoint::",
-              setter, key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
-  };
-  if (checkpoint.optimizer() != nullptr) require("optimizer", "optimizer");
-  if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
-  if (checkpoint.rng()) require("rng", "rng");
-  if (checkpoint.powersgd() != nullptr) require("powersgd", "powersgd");
-
   // Note [Validate, then apply]
+  PreparedEntries entries = prepare_entries_load(checkpoint, group, top, where);
+  DDP_CHECK(checkpoint.optimizer() == nullptr || top.contains("optimizer"), where,
+            ": the checkpoint has no 'optimizer' (it was saved without Checkpoint::optimizer), "
+            "but this Checkpoint asks to restore one. Load with Checkpoint::optimizer(nullptr) "
+            "to skip it.");
   std::vector<Apply> steps;
   // Note [Sharded models in checkpoints]: this rank's rows of the full tensors.
   const bool sharded = model_is_sharded(*checkpoint.model());
@@ -352,45 +432,9 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
             ? checkpoint.sharded_optimizer()->prepare_load(*checkpoint.model(), saved, where)
             : prepare_optimizer_load(*checkpoint.optimizer(), *checkpoint.model(), saved, where));
   }
-  if (checkpoint.sampler() != nullptr) {
-    steps.push_back(
-        prepare_sampler_load(*checkpoint.sampler(), get(top, "sampler", "the file", where), where));
-  }
-  if (checkpoint.grad_scaler() != nullptr) {
-    steps.push_back(prepare_scaler_load(*checkpoint.grad_scaler(), top, where));
-  }
-  if (checkpoint.rng()) {
-    const c10::IValue rng_value = get(top, "rng", "the file", where);
-    DDP_CHECK(rng_value.isList() && rng_value.toList().size() > 0, where,
-              ": 'rng' should be a non-empty list (one entry per rank)");
-    const c10::impl::GenericList rng = rng_value.toList();
-    // Same world size: each rank its own state; else rank r takes r % saved ranks.
-    DDP_CHECK(world_size != group.size || static_cast<int64_t>(rng.size()) == world_size, where,
-              ": 'rng' has ", rng.size(), " entries for world_size=", world_size,
-              "; the file is corrupt.");
-    const size_t index = static_cast<size_t>(group.rank) % rng.size();
-    steps.push_back(prepare_rng_load(rng.get(index), "rng[" + std::to_string(index) + "]", where));
-  }
-  if (checkpoint.powersgd() != nullptr) {
-    const c10::IValue value = get(top, "powersgd", "the file", where);
-    DDP_CHECK(value.isList() && static_cast<int64_t>(value.toList().size()) == world_size, where,
-              ": 'powersgd' should be a list with one entry per rank (", world_size,
-              "); the file is corrupt.");
-    DDP_CHECK(world_size == group.size, where, ": the PowerSGD state was saved by ", world_size,
-              " ranks and is loaded by ", group.size,
-              "; its error feedback is each rank's own. Resume with ", world_size,
-              " ranks, or load without Checkpoint::powersgd (compression then starts afresh).");
-    // Validated on a copy (load_state_dict throws before it changes anything); applied
-    // with the rest.
-    auto staged = std::make_shared<PowerSGDState>(*checkpoint.powersgd());
-    staged->load_state_dict(as_dict(value.toList().get(static_cast<size_t>(group.rank)),
-                                    "'powersgd'", where),
-                            *checkpoint.model());
-    PowerSGDState* target = checkpoint.powersgd();
-    steps.push_back([staged, target] { *target = *staged; });
-  }
   for (const Apply& apply : steps) apply();
-  checkpoint.epoch(epoch).step(step).extra(extra);
+  for (const Apply& apply : entries.steps) apply();
+  checkpoint.epoch(entries.epoch).step(entries.step).extra(entries.extra);
 }
 
 Checkpoint& Checkpoint::optimizer(ZeroRedundancyOptimizer* optimizer) {

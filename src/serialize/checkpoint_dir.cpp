@@ -1,4 +1,5 @@
-// A directory of checkpoints: <prefix>-<step>.pt files, a `latest` pointer, keep_last.
+// A directory of checkpoints: <prefix>-<step>.pt files or <prefix>-<step>/ DCP folders, a
+// `latest` pointer, keep_last.
 
 #include <ddp/serialize/checkpoint.h>
 
@@ -31,15 +32,19 @@ void validate(const CheckpointOptions& options) {
 }
 
 std::string file_name(const CheckpointOptions& options, int64_t step) {
-  return options.prefix() + "-" + std::to_string(step) + ".pt";
+  return options.prefix() + "-" + std::to_string(step) +
+         (options.format() == CheckpointFormat::kDcp ? "" : ".pt");
 }
 
-// The step of "<prefix>-<digits>.pt", or -1 for any other name.
+bool is_folder_name(const std::string& name) {
+  return name.size() < 3 || name.compare(name.size() - 3, 3, ".pt") != 0;
+}
+
+// The step of "<prefix>-<digits>.pt" or "<prefix>-<digits>", or -1 for any other name.
 int64_t step_of(const CheckpointOptions& options, const std::string& name) {
   const std::string head = options.prefix() + "-";
-  const std::string tail = ".pt";
-  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
-      name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+  const std::string tail = is_folder_name(name) ? "" : ".pt";
+  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0) {
     return -1;
   }
   const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
@@ -50,24 +55,38 @@ int64_t step_of(const CheckpointOptions& options, const std::string& name) {
   return std::stoll(digits);
 }
 
-// (step, name) of every checkpoint file, oldest first.
+// Whether `name` in the directory is a complete checkpoint: a file, or a folder with its
+// .metadata (Note [DCP save]).
+bool complete(const CheckpointOptions& options, const std::string& name) {
+  const std::string path = options.directory() + "/" + name;
+  return is_folder_name(name) ? detail::file_exists(path + "/.metadata")
+                              : detail::file_exists(path);
+}
+
+// (step, name) of every complete checkpoint, oldest first (of the same step, the
+// folder before the file).
 std::vector<std::pair<int64_t, std::string>> checkpoints(const CheckpointOptions& options) {
   std::vector<std::pair<int64_t, std::string>> out;
   for (const auto& name : detail::list_directory(options.directory())) {
     const int64_t step = step_of(options, name);
-    if (step >= 0) out.emplace_back(step, name);
+    if (step >= 0 && complete(options, name)) out.emplace_back(step, name);
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
-// Temporaries left by a writer that crashed (Note [Atomic write]).
-void remove_stale_temporaries(const CheckpointOptions& options) {
+// Temporaries left by a writer that crashed (Note [Atomic write]), and folders whose save
+// did not finish, other than `written`.
+void remove_stale_temporaries(const CheckpointOptions& options, const std::string& written) {
   for (const auto& name : detail::list_directory(options.directory())) {
     const bool ours = name.rfind("." + options.prefix() + "-", 0) == 0 ||
                       name.rfind(std::string(".") + kLatest + ".tmp.", 0) == 0;
+    const std::string path = options.directory() + "/" + name;
     if (ours && name.find(".tmp.") != std::string::npos) {
-      detail::remove_file(options.directory() + "/" + name);
+      detail::remove_file(path);
+    } else if (name != written && step_of(options, name) >= 0 && is_folder_name(name) &&
+               detail::is_directory(path) && !complete(options, name)) {
+      detail::remove_tree(path);
     }
   }
 }
@@ -81,7 +100,7 @@ void remove_old(const CheckpointOptions& options, const std::string& written) {
             all.end());
   const size_t keep = static_cast<size_t>(options.keep_last() - 1);
   for (size_t i = 0; i + keep < all.size(); ++i) {
-    detail::remove_file(options.directory() + "/" + all[i].second);
+    detail::remove_tree(options.directory() + "/" + all[i].second);
   }
 }
 
@@ -100,19 +119,24 @@ std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& 
             checkpoint.step());
   const std::string name = file_name(options, checkpoint.step());
   const std::string path = options.directory() + "/" + name;
+  // Once the checkpoint is complete: the pointer names it, then the old ones go.
+  const auto record = [&] {
+    detail::write_file_atomic(options.directory() + "/" + kLatest, name + "\n");
+    remove_old(options, name);
+    remove_stale_temporaries(options, name);
+  };
+  if (options.format() == CheckpointFormat::kDcp) {
+    detail::save_dcp_checkpoint(path, checkpoint, record);
+    return path;
+  }
   detail::save_checkpoint_with(
       path, checkpoint,
       /*before=*/
       [&] {
         detail::make_directories(options.directory());
-        remove_stale_temporaries(options);
+        remove_stale_temporaries(options, name);
       },
-      /*after=*/
-      [&] {
-        // The checkpoint is complete before the pointer names it.
-        detail::write_file_atomic(options.directory() + "/" + kLatest, name + "\n");
-        remove_old(options, name);
-      });
+      /*after=*/record);
   return path;
 }
 
@@ -121,7 +145,7 @@ std::optional<std::string> latest_checkpoint(const CheckpointOptions& options) {
   const std::string pointer = options.directory() + "/" + kLatest;
   if (detail::file_exists(pointer)) {
     const std::string name = trim(detail::read_file(pointer));
-    if (step_of(options, name) >= 0 && detail::file_exists(options.directory() + "/" + name)) {
+    if (step_of(options, name) >= 0 && complete(options, name)) {
       return options.directory() + "/" + name;
     }
   }

@@ -558,7 +558,9 @@ c10::impl::GenericDict staged_optimizer_state(const std::map<std::string, c10::I
     const int64_t count = static_cast<int64_t>(mine.at("params").toList().size());
     std::string listed;
     if (saved_params && saved_params->isList()) {
-      for (const c10::IValue n : saved_params->toList()) {
+      const c10::impl::GenericList names = saved_params->toList();
+      for (size_t i = 0; i < names.size(); ++i) {
+        const c10::IValue n = names.get(i);
         listed +=
             (listed.empty() ? "" : ", ") + (n.isString() ? n.toStringRef() : std::string("?"));
       }

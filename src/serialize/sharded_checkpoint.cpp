@@ -1,7 +1,9 @@
-// save_sharded_checkpoint / load_sharded_checkpoint: one file per rank, nothing gathered.
+// save_sharded_checkpoint / load_sharded_checkpoint. Folders are DCP checkpoints
+// (Note [Checkpoints in DCP folders] in checkpoint_dcp.cpp); the first format, one file per
+// rank, is still read.
 //
 // Note [Sharded checkpoint folders]
-// A folder holds shard-<r>-of-<N>.pt for r < N and, last, `complete`, which rank 0
+// The first format (still read, no longer written). A folder holds shard-<r>-of-<N>.pt for r < N and, last, `complete`, which rank 0
 // writes after every rank has written its file (a verdict exchange, as Note [Save
 // barrier]); a folder without it is not loaded. Each file is a dict Python's torch.load
 // reads: "model" (this rank's state dict: its rows of each fully_shard parameter, the
@@ -89,8 +91,9 @@ std::vector<int64_t> int_list(const c10::IValue& v, const std::string& where) {
 
 }  // namespace
 
-void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoint) {
-  using namespace detail;
+namespace detail {
+
+void save_legacy_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoint) {
   DDP_CHECK(checkpoint.model() != nullptr, "save_sharded_checkpoint('", dir,
             "'): Checkpoint::model is null; expected the unwrapped model");
   DDP_CHECK(checkpoint.sampler() == nullptr && checkpoint.grad_scaler() == nullptr &&
@@ -151,8 +154,7 @@ void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoin
             "') failed, so the folder is not marked complete; ", verdicts[0]);
 }
 
-void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
-  using namespace detail;
+void load_legacy_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
   const CheckpointGroup group = checkpoint_group(checkpoint);
   const std::string where = "load_sharded_checkpoint('" + dir + "')" +
                             (group.size > 1 ? " on rank " + std::to_string(group.rank) : "");
@@ -301,6 +303,27 @@ void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
   checkpoint.epoch(get_int(first, "epoch", "the file", where))
       .step(get_int(first, "step", "the file", where))
       .extra(extra);
+}
+
+}  // namespace detail
+
+void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoint) {
+  detail::save_dcp_checkpoint(dir, checkpoint, nullptr);
+}
+
+void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
+  if (detail::file_exists(dir + "/.metadata")) {
+    detail::load_dcp_checkpoint(dir, checkpoint);
+  } else if (detail::file_exists(dir + "/complete")) {
+    detail::load_legacy_sharded_checkpoint(dir, checkpoint);
+  } else {
+    DDP_CHECK(false, "load_checkpoint('", dir, "'): the folder has no .metadata",
+              detail::is_directory(dir) ? "" : " (it does not exist)",
+              ", so it is not a checkpoint, or its save did not finish. Expected a folder "
+              "written by ddp::save_sharded_checkpoint or by ddp::save_checkpoint with "
+              "CheckpointFormat::kDcp; ddp::latest_checkpoint(options) finds the newest "
+              "complete one.");
+  }
 }
 
 }  // namespace ddp

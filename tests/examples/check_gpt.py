@@ -19,10 +19,12 @@
       the forward's dropout masks and autocast), under DDP, under --fsdp, and with
       --amp --grad-accum 2.
 
-  check_gpt.py resume DDPRUN GPT WORKDIR
+  check_gpt.py resume DDPRUN GPT WORKDIR [FLAG...]
       2 ranks with dropout, checkpoints every 3 steps: every worker is killed with
       SIGKILL in the middle of an epoch; --resume then ends with exactly the model
-      (bit for bit) and the records of an uninterrupted run.
+      (bit for bit) and the records of an uninterrupted run. With --fsdp the checkpoints
+      are DCP folders: the last one, read by PyTorch's dcp_to_torch_save, holds the final
+      model.pt bit for bit and the optimizer's state by parameter name.
 
   check_gpt.py standin DDPRUN GPT WORKDIR
       The GPU path on a CPU: 2 ranks with DDP_DEVICE_STANDIN=1 (NCCL's rules on a
@@ -255,11 +257,42 @@ def children(pid):
     return out
 
 
-def check_resume(ddprun, gpt, work):
+def check_dcp_folder(run_dir):
+    """The last checkpoint of a sharded run is a DCP folder that PyTorch reads."""
+    import torch
+    ckpts = os.path.join(run_dir, "checkpoints")
+    with open(os.path.join(ckpts, "latest")) as f:
+        latest = os.path.join(ckpts, f.read().strip())
+    if not os.path.isfile(os.path.join(latest, ".metadata")):
+        fail(f"{latest}: expected a DCP folder with .metadata (--fsdp writes DCP checkpoints)")
+    try:
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    except ImportError:  # PyTorch before 2.3 has no format_utils
+        print(f"(PyTorch {torch.__version__} has no dcp_to_torch_save: folder not read)")
+        return
+    whole = os.path.join(run_dir, "from_dcp.pt")
+    dcp_to_torch_save(latest, whole)
+    state = torch.load(whole, weights_only=True)
+    final = torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)
+    if list(state["model"]) != list(final):
+        fail(f"dcp_to_torch_save({latest})['model'] has keys {list(state['model'])}, "
+             f"model.pt {list(final)}")
+    for k, v in final.items():
+        if not torch.equal(state["model"][k], v):
+            fail(f"dcp_to_torch_save({latest})['model'][{k!r}] differs from model.pt")
+    names = set(state["optimizer"]["state"])
+    if names != set(final):
+        fail(f"the DCP optimizer state is keyed {sorted(names)}, expected the parameter names")
+    print(f"OK: PyTorch's dcp_to_torch_save reads {os.path.basename(latest)}: model.pt's "
+          "weights bit for bit, AdamW's state by name")
+
+
+def check_resume(ddprun, gpt, work, *flags):
     fresh(work)
     # 15 steps per epoch (120 training windows, 2 ranks, 4 per batch), 3 epochs; dropout
     # on, so each rank's RNG state must come back too.
-    common = ["--max-epochs", "3", "--log-every", "1", "--save-every", "3", "--dropout", "0.1"]
+    common = ["--max-epochs", "3", "--log-every", "1", "--save-every", "3",
+              "--dropout", "0.1"] + list(flags)
     straight = cpp_run(ddprun, gpt, work, "straight", 2, common)
 
     name = "killed"
@@ -309,6 +342,8 @@ def check_resume(ddprun, gpt, work):
     compare_models(os.path.join(work, name, "model.pt"), os.path.join(straight, "model.pt"), 0,
                    "model.pt after kill -9 and --resume")
     print(f"OK: killed after step 7, resumed from step {resumed_step}: bit-identical model")
+    if "--fsdp" in flags:
+        check_dcp_folder(os.path.join(work, name))
 
 
 def check_standin(ddprun, gpt, work):

@@ -5,9 +5,11 @@
 
 #include "parallel/fsdp_test_models.h"
 #include "formats/pickle_io.h"
+#include "serialize/checkpoint_io.h"
 #include "support/harness.h"
 #include "support/util.h"
 
+#include <ddp/data/distributed_sampler.h>
 #include <ddp/fsdp/fully_shard.h>
 #include <ddp/serialize/checkpoint.h>
 
@@ -129,9 +131,9 @@ TEST(FullyShardCheckpoint, SavedAtThreeRanksLoadsAtTwoAndOneBitIdentical) {
   expect_same_checkpoint(saved, back);
 }
 
-// One file per rank, nothing gathered: saved at 3 ranks, loaded at 2 and at 1 (sharded),
-// and into the plain model; each then saves the usual (gathered) checkpoint, which must
-// equal the one saved at 3 ranks bit for bit.
+// A DCP folder, nothing gathered: saved at 3 ranks, loaded at 2 and at 1 (sharded), and
+// into the plain model; each then saves the usual (gathered) checkpoint, which must equal
+// the one saved at 3 ranks bit for bit.
 TEST(FullyShardCheckpoint, ShardedFolderLoadsAtAnyWorldSizeBitIdentical) {
   ddp_test::TempDir dir;
   const std::string folder = dir.file("sharded");
@@ -142,7 +144,7 @@ TEST(FullyShardCheckpoint, ShardedFolderLoadsAtAnyWorldSizeBitIdentical) {
     ddp::save_sharded_checkpoint(folder, checkpoint_of(s, pg).step(3));
     ddp::save_checkpoint(gathered, checkpoint_of(s, pg).step(3));
   });
-  for (const char* name : {"shard-0-of-3.pt", "shard-1-of-3.pt", "shard-2-of-3.pt", "complete"}) {
+  for (const char* name : {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", ".metadata"}) {
     EXPECT_TRUE(ddp_test::run_command("test -f '" + folder + "/" + name + "'") == 0) << name;
   }
   for (int world : {2, 1}) {
@@ -168,12 +170,124 @@ TEST(FullyShardCheckpoint, ShardedFolderLoadsAtAnyWorldSizeBitIdentical) {
       EXPECT_TRUE(ddp_test::same_bits(kv.value(), want.at(kv.key()))) << kv.key();
     }
   }
-  // A folder whose save did not finish is refused.
-  ASSERT_EQ(ddp_test::run_command("rm '" + folder + "/complete'"), 0);
+  // A folder whose save did not finish is refused, by both loads.
+  ASSERT_EQ(ddp_test::run_command("rm '" + folder + "/.metadata'"), 0);
   auto plain = std::make_shared<TinyGptImpl>();
+  const auto before = ddp::model_state_dict(*plain);
   ddp::Checkpoint ckpt(*plain);
   EXPECT_ERROR_HAS(ddp_test::error_of([&] { ddp::load_sharded_checkpoint(folder, ckpt); }),
-                   "no 'complete' mark");
+                   "has no .metadata");
+  EXPECT_ERROR_HAS(ddp_test::error_of([&] { ddp::load_checkpoint(folder, ckpt); }),
+                   "has no .metadata");
+  for (const auto& kv : ddp::model_state_dict(*plain)) {
+    EXPECT_TRUE(ddp_test::same_bits(kv.value(), before.at(kv.key()))) << kv.key() << " changed";
+  }
+}
+
+// The first sharded format (one file per rank and a `complete` mark) still loads, through
+// both load_sharded_checkpoint and load_checkpoint, at another world size.
+TEST(FullyShardCheckpoint, FirstShardedFormatStillLoads) {
+  ddp_test::TempDir dir;
+  const std::string folder = dir.file("old");
+  const std::string gathered = dir.file("at3.pt");
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 21);
+    train(s, pg.rank(), 2);
+    ddp::detail::save_legacy_sharded_checkpoint(folder, checkpoint_of(s, pg).step(2));
+    ddp::save_checkpoint(gathered, checkpoint_of(s, pg).step(2));
+  });
+  EXPECT_EQ(ddp_test::run_command("test -f '" + folder + "/complete'"), 0);
+  for (int world : {2, 1}) {
+    const std::string again = dir.file("again-at" + std::to_string(world) + ".pt");
+    ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+      Sharded s = make_sharded(pg, 22);
+      auto ckpt = checkpoint_of(s, pg);
+      if (world == 2) {
+        ddp::load_checkpoint(folder, ckpt);
+      } else {
+        ddp::load_sharded_checkpoint(folder, ckpt);
+      }
+      EXPECT_EQ(ckpt.step(), 2);
+      ddp::save_checkpoint(again, ckpt);
+    });
+    expect_same_checkpoint(gathered, again);
+  }
+}
+
+// The sampler's indices still to come, `batches` batches of 4.
+std::vector<size_t> upcoming(ddp::DistributedSampler& sampler, int batches) {
+  std::vector<size_t> out;
+  for (int b = 0; b < batches; ++b) {
+    const auto next = sampler.next(4);
+    if (!next) break;
+    out.insert(out.end(), next->begin(), next->end());
+  }
+  return out;
+}
+
+// A directory of DCP folders (CheckpointFormat::kDcp): keep_last, `latest`, an unfinished
+// folder skipped and then cleared; the sampler's mid-epoch position, the extra values and
+// the ZeRO-free Adam state come back at the same world size and, resharded, at another,
+// exactly as from the single file saved at the same moment.
+TEST(FullyShardCheckpoint, DcpDirectoryEqualsTheFile) {
+  ddp_test::TempDir dir;
+  const auto folders =
+      ddp::CheckpointOptions(dir.file("dcp")).keep_last(2).format(ddp::CheckpointFormat::kDcp);
+  const auto files = ddp::CheckpointOptions(dir.file("file"));
+  constexpr size_t kSamples = 50;
+  std::vector<std::vector<size_t>> next_at3(3);
+  ddp_test::run_thread_groups(3, [&](ddp::ProcessGroup& pg) {
+    Sharded s = make_sharded(pg, 31);
+    ddp::DistributedSampler sampler(
+        kSamples, ddp::DistributedSamplerOptions().num_replicas(3).rank(pg.rank()).seed(7));
+    for (int64_t step = 2; step <= 6; step += 2) {
+      train(s, pg.rank(), 1);
+      sampler.set_epoch(1);
+      upcoming(sampler, 1);  // mid-epoch: 4 of each rank's 17 samples handed out per step
+      auto ckpt = checkpoint_of(s, pg).sampler(&sampler).epoch(1).step(step);
+      ckpt.extra().insert("note", std::string("step ") + std::to_string(step));
+      if (step == 6 && pg.rank() == 0) {  // a save that died before its .metadata
+        ASSERT_EQ(ddp_test::run_command("mkdir -p '" + dir.file("dcp/ckpt-5") + "' && echo x > '" +
+                                        dir.file("dcp/ckpt-5/__0_0.distcp") + "'"),
+                  0);
+        EXPECT_EQ(ddp::latest_checkpoint(folders), dir.file("dcp/ckpt-4"));
+      }
+      pg.barrier();
+      EXPECT_EQ(ddp::save_checkpoint(folders, ckpt), dir.file("dcp/ckpt-" + std::to_string(step)));
+      ddp::save_checkpoint(files, ckpt);
+    }
+    next_at3[static_cast<size_t>(pg.rank())] = upcoming(sampler, 2);
+  });
+  std::string listing;
+  ASSERT_EQ(ddp_test::run_command("ls -A '" + dir.file("dcp") + "'", &listing), 0);
+  EXPECT_EQ(listing, "ckpt-4\nckpt-6\nlatest\n") << "old, unfinished or temporary entries left";
+  EXPECT_EQ(ddp::latest_checkpoint(folders), dir.file("dcp/ckpt-6"));
+
+  for (int world : {3, 2}) {
+    std::vector<std::vector<size_t>> from_folder(world), from_file(world);
+    const std::string again = dir.file("again-at" + std::to_string(world) + ".pt");
+    const std::string reference = dir.file("reference-at" + std::to_string(world) + ".pt");
+    ddp_test::run_thread_groups(world, [&](ddp::ProcessGroup& pg) {
+      const auto r = static_cast<size_t>(pg.rank());
+      for (bool folder : {true, false}) {
+        Sharded s = make_sharded(pg, 32);
+        ddp::DistributedSampler sampler(
+            kSamples, ddp::DistributedSamplerOptions().num_replicas(world).rank(pg.rank()).seed(7));
+        auto ckpt = checkpoint_of(s, pg).sampler(&sampler);
+        const auto loaded = ddp::load_latest_checkpoint(folder ? folders : files, ckpt);
+        ASSERT_TRUE(loaded.has_value());
+        EXPECT_EQ(ckpt.step(), 6);
+        EXPECT_EQ(ckpt.epoch(), 1);
+        EXPECT_EQ(ckpt.extra().at("note").toStringRef(), "step 6");
+        sampler.set_epoch(1);
+        (folder ? from_folder : from_file)[r] = upcoming(sampler, 2);
+        ddp::save_checkpoint(folder ? again : reference, ckpt);
+      }
+    });
+    expect_same_checkpoint(reference, again);
+    EXPECT_EQ(from_folder, from_file) << "world " << world;
+    if (world == 3) EXPECT_EQ(from_folder, next_at3);
+  }
 }
 
 // The full state dict and the checkpoint load into a plain PyTorch module

@@ -167,18 +167,32 @@ struct Checkpoint {
 /// rank throws its error.
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
-/// Restores `checkpoint` from `path` on this rank: tensors go to the device of the
-/// parameter they belong to. Everything is validated before anything is changed; a
+/// Restores `checkpoint` from `path` on this rank: a file written by save_checkpoint, or
+/// a folder written by save_sharded_checkpoint (as load_sharded_checkpoint). Tensors go to
+/// the device of the parameter they belong to. Everything is validated before anything is changed; a
 /// missing or unexpected key, a shape mismatch, a truncated or corrupt file, another
 /// optimizer type, or a mid-epoch sampler position saved by another number of ranks
 /// throws an error naming the key or shape, leaving model, optimizer, sampler, grad scaler
 /// and RNG untouched. Not collective.
 void load_checkpoint(const std::string& path, Checkpoint& checkpoint);
 
-/// A directory of checkpoints named <prefix>-<step>.pt with a `latest` pointer.
+/// How save_checkpoint(options, ...) writes a checkpoint.
+enum class CheckpointFormat {
+  /// One file, <prefix>-<step>.pt, written by rank 0 (a fully_shard model's state and a
+  /// ZeroRedundancyOptimizer's gathered there); Python's torch.load reads it as a dict.
+  kFile,
+  /// A folder, <prefix>-<step>/, in PyTorch's Distributed Checkpoint format (DCP): every
+  /// rank writes the state it holds, nothing is gathered, and Python's dcp.load reads the
+  /// model and optimizer. For models whose full state does not fit one rank.
+  kDcp,
+};
+
+/// A directory of checkpoints named <prefix>-<step>.pt (or folders <prefix>-<step>/ with
+/// CheckpointFormat::kDcp) with a `latest` pointer.
 ///
 /// Example:
 ///   ddp::CheckpointOptions("runs/ckpt").keep_last(5);
+///   ddp::CheckpointOptions("runs/ckpt").format(ddp::CheckpointFormat::kDcp);  // sharded
 struct CheckpointOptions {
   explicit CheckpointOptions(std::string directory) : directory_(std::move(directory)) {}
   /// Created (with parents) by the first save.
@@ -186,43 +200,50 @@ struct CheckpointOptions {
   /// How many checkpoints to keep; older ones are deleted after a newer one is
   /// complete. 0 keeps all.
   TORCH_ARG(int64_t, keep_last) = 3;
-  /// File names are <prefix>-<step>.pt.
+  /// File names are <prefix>-<step>.pt, folder names <prefix>-<step>.
   TORCH_ARG(std::string, prefix) = "ckpt";
+  /// What save_checkpoint writes. Loading reads either, whatever this says.
+  TORCH_ARG(CheckpointFormat, format) = CheckpointFormat::kFile;
 };
 
-/// Saves to <directory>/<prefix>-<checkpoint.step()>.pt, then atomically points
-/// <directory>/latest at it, then deletes the oldest beyond keep_last. Collective, like
-/// save_checkpoint. Returns the path written.
+/// Saves to <directory>/<prefix>-<checkpoint.step()>.pt (kDcp: the folder
+/// <directory>/<prefix>-<step>, as save_sharded_checkpoint), then atomically points
+/// <directory>/latest at it, then deletes the oldest beyond keep_last (and folders whose
+/// save did not finish). Collective, like save_checkpoint. Returns the path written.
 std::string save_checkpoint(const CheckpointOptions& options, const Checkpoint& checkpoint);
 
-/// The newest complete checkpoint: the one `latest` names, else (no pointer, or it names
-/// a missing file) the highest step among <prefix>-<step>.pt; nullopt if none. Reads
-/// this rank's view of the directory; not collective.
+/// The newest complete checkpoint, file or folder: the one `latest` names, else (no
+/// pointer, or it names a missing or unfinished one) the highest step among
+/// <prefix>-<step>.pt and <prefix>-<step>/; nullopt if none. Reads this rank's view of the
+/// directory; not collective.
 std::optional<std::string> latest_checkpoint(const CheckpointOptions& options);
 
 /// Loads latest_checkpoint(options) if there is one and returns its path; nullopt (and
-/// nothing restored) when the directory holds none. Collective: rank 0 chooses the file
-/// and every rank loads that one.
+/// nothing restored) when the directory holds none. Collective: rank 0 chooses the
+/// checkpoint and every rank loads that one.
 std::optional<std::string> load_latest_checkpoint(const CheckpointOptions& options,
                                                   Checkpoint& checkpoint);
 
-// ---- Sharded checkpoints: one file per rank -------------------------------------
+// ---- Sharded checkpoints: a DCP folder, nothing gathered ----------------------------
 
-/// Saves `checkpoint` into folder `dir` as one file per rank, nothing gathered: each rank
-/// writes the model and optimizer state it holds (under ddp::fully_shard, its rows), its
-/// RNG state, and epoch, step and extra; rank 0 then marks the folder complete. For
-/// models whose full state does not fit one rank. Each file is a dict torch.load reads
-/// (docs/fsdp.md). Collective. The sampler, the grad scaler and a ZeroRedundancyOptimizer
-/// are refused (use save_checkpoint).
+/// Saves `checkpoint` into the folder `dir` in PyTorch's Distributed Checkpoint format
+/// (docs/checkpoints.md), nothing gathered: each rank writes the model and optimizer state
+/// it holds (under ddp::fully_shard, its rows; a ZeroRedundancyOptimizer's state by the
+/// rank that steps it) to __<rank>_0.distcp, and rank 0 writes the rest (epoch, step,
+/// every rank's sampler position and RNG states, the grad scaler, extra) and, last,
+/// `.metadata`. Keys: "model.<name>", "optimizer.state.<name>.<...>",
+/// "optimizer.param_groups.<i>.<...>", and the file's other keys. Python reads the model
+/// and optimizer with dcp.load, or the whole folder with dcp_to_torch_save. Collective.
 ///
 /// Example: ddp::save_sharded_checkpoint("runs/step-1000", ddp::Checkpoint(*model)
-///              .optimizer(&optimizer).step(1000));
+///              .optimizer(&optimizer).sampler(&sampler).step(1000));
 void save_sharded_checkpoint(const std::string& dir, const Checkpoint& checkpoint);
 
-/// Loads a folder written by save_sharded_checkpoint, at any world size and with any
-/// fully_shard units over the same parameters (or none): each rank puts together the rows
-/// it now holds from the saved ranks' files. Validated before anything changes, as
-/// load_checkpoint. Not collective.
+/// Loads a folder written by save_sharded_checkpoint (or save_checkpoint with kDcp) at any
+/// world size and with any fully_shard units over the same parameters (or none): each
+/// rank reads the saved rows that meet its own. Folders of the first sharded format
+/// (shard-<r>-of-<N>.pt files and `complete`) are still read. Validated before anything
+/// changes, as load_checkpoint. Not collective.
 void load_sharded_checkpoint(const std::string& dir, Checkpoint& checkpoint);
 
 // ---- State dicts, interchangeable with Python's ----------------------------------

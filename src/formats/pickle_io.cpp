@@ -79,7 +79,12 @@ std::string pickle_string(const c10::IValue& value) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-c10::IValue unpickle(const std::string& bytes, const std::string& where) {
+namespace {
+
+// unpickle of `bytes`; `owned`, when given, holds the same bytes and is moved into the
+// archive instead of copying them (a chunk of hundreds of megabytes is copied once less).
+c10::IValue unpickle_view(std::string_view bytes, std::vector<char>* owned,
+                          const std::string& where) {
   // Note [Integrity check]: a torn or corrupted file stops here.
   const std::vector<ZipRecord> records = read_zip(bytes, where);
   // Note [Python pickles]: rewrite what this LibTorch's unpickler cannot read.
@@ -104,7 +109,13 @@ c10::IValue unpickle(const std::string& bytes, const std::string& where) {
     rewritten = true;
     break;
   }
-  if (!rewritten) archive.assign(bytes.begin(), bytes.end());
+  if (!rewritten) {
+    if (owned != nullptr) {
+      archive = std::move(*owned);
+    } else {
+      archive.assign(bytes.begin(), bytes.end());
+    }
+  }
 
   std::string reason;
   try {
@@ -121,6 +132,16 @@ c10::IValue unpickle(const std::string& bytes, const std::string& where) {
             "). Expected a file written by ddp::save_checkpoint or torch.save; load an "
             "older checkpoint instead.");
   return {};
+}
+
+}  // namespace
+
+c10::IValue unpickle(const std::string& bytes, const std::string& where) {
+  return unpickle_view(bytes, nullptr, where);
+}
+
+c10::IValue unpickle(std::vector<char>&& bytes, const std::string& where) {
+  return unpickle_view(std::string_view(bytes.data(), bytes.size()), &bytes, where);
 }
 
 c10::impl::GenericDict new_dict() {

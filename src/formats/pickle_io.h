@@ -24,6 +24,8 @@ std::string pickle_string(const c10::IValue& value);
 /// Reads what pickle() or Python's torch.save (zipfile format) wrote. A truncated or
 /// corrupt file throws, naming `where` and the size.
 c10::IValue unpickle(const std::string& bytes, const std::string& where);
+/// The same, taking the bytes over (no copy of them).
+c10::IValue unpickle(std::vector<char>&& bytes, const std::string& where);
 
 /// An empty dict with string keys, as Python's dict[str, Any].
 c10::impl::GenericDict new_dict();

@@ -314,7 +314,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 namespace detail {
 
 PreparedEntries prepare_entries_load(const Checkpoint& checkpoint, const CheckpointGroup& group,
-                                     const c10::impl::GenericDict& top, const std::string& where) {
+                                     const c10::impl::GenericDict& top, bool optimizer_saved,
+                                     const std::string& where) {
   const auto format = top.find("format");
   DDP_CHECK(format != top.end() && format->value().isString() &&
                 format->value().toStringRef() == kFormat,
@@ -346,6 +347,10 @@ PreparedEntries prepare_entries_load(const Checkpoint& checkpoint, const Checkpo
               "to restore one. Load with Checkpoint::",
               setter, key == std::string("rng") ? "(false)" : "(nullptr)", " to skip it.");
   };
+  DDP_CHECK(checkpoint.optimizer() == nullptr || optimizer_saved, where,
+            ": the checkpoint has no 'optimizer' (it was saved without Checkpoint::optimizer), "
+            "but this Checkpoint asks to restore one. Load with Checkpoint::optimizer(nullptr) "
+            "to skip it.");
   if (checkpoint.sampler() != nullptr) require("sampler", "sampler");
   if (checkpoint.rng()) require("rng", "rng");
   if (checkpoint.powersgd() != nullptr) require("powersgd", "powersgd");
@@ -410,11 +415,8 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
   // Note [Validate, then apply]
-  PreparedEntries entries = prepare_entries_load(checkpoint, group, top, where);
-  DDP_CHECK(checkpoint.optimizer() == nullptr || top.contains("optimizer"), where,
-            ": the checkpoint has no 'optimizer' (it was saved without Checkpoint::optimizer), "
-            "but this Checkpoint asks to restore one. Load with Checkpoint::optimizer(nullptr) "
-            "to skip it.");
+  PreparedEntries entries =
+      prepare_entries_load(checkpoint, group, top, top.contains("optimizer"), where);
   std::vector<Apply> steps;
   // Note [Sharded models in checkpoints]: this rank's rows of the full tensors.
   const bool sharded = model_is_sharded(*checkpoint.model());

@@ -104,16 +104,11 @@ void load_dcp_checkpoint(const std::string& dir, Checkpoint& checkpoint) {
   dcp::load(objects, dir);
   c10::impl::GenericDict top = new_dict();
   for (const std::string& key : objects.keys()) top.insert(key, objects.object(key));
-  PreparedEntries entries = prepare_entries_load(checkpoint, group, top, where);
-
   const std::string optimizer_keys = std::string(kOptimizerPrefix) + ".";
-  const bool has_optimizer = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+  const bool optimizer_saved = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
     return k.compare(0, optimizer_keys.size(), optimizer_keys) == 0;
   });
-  DDP_CHECK(checkpoint.optimizer() == nullptr || has_optimizer, where,
-            ": the checkpoint has no optimizer state (it was saved without "
-            "Checkpoint::optimizer), but this Checkpoint asks to restore one. Load with "
-            "Checkpoint::optimizer(nullptr) to skip it.");
+  PreparedEntries entries = prepare_entries_load(checkpoint, group, top, optimizer_saved, where);
 
   // The tensors: every one staged and checked before any is copied, into this rank's
   // rows of each fully_shard parameter (and its optimizer state), at any world size.

@@ -49,7 +49,8 @@ struct PreparedEntries {
   std::vector<Apply> steps;
 };
 PreparedEntries prepare_entries_load(const Checkpoint& checkpoint, const CheckpointGroup& group,
-                                     const c10::impl::GenericDict& top, const std::string& where);
+                                     const c10::impl::GenericDict& top, bool optimizer_saved,
+                                     const std::string& where);
 
 /// A checkpoint as a DCP folder (Note [Checkpoints in DCP folders]): collective over the
 /// checkpoint's group; `after` runs on rank 0 once the folder is complete, and a failure

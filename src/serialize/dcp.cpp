@@ -207,8 +207,8 @@ md::Metadata merge(const std::vector<md::Metadata>& parts) {
 
 // Reads [offset, offset + length) of the data file `relative` in `dir`, refusing a path
 // that leaves the folder and a range past the file's end.
-std::string read_range(const std::string& dir, const md::Storage& s, const std::string& key,
-                       const std::string& where) {
+std::vector<char> read_range(const std::string& dir, const md::Storage& s, const std::string& key,
+                             const std::string& where) {
   const std::string& rel = s.relative_path;
   bool climbs = rel.empty() || rel[0] == '/' || rel.find('\0') != std::string::npos;
   size_t start = 0;
@@ -227,7 +227,7 @@ std::string read_range(const std::string& dir, const md::Storage& s, const std::
             ". The checkpoint is incomplete; save it again or use another one.");
   struct stat st {};
   const bool stat_ok = ::fstat(fd, &st) == 0;
-  std::string bytes;
+  std::vector<char> bytes;
   std::string error;
   if (!stat_ok) {
     error = std::string("cannot stat it: ") + std::strerror(errno);
@@ -272,12 +272,12 @@ md::Metadata read_metadata_of(const std::string& dir, const std::string& where) 
 at::Tensor read_chunk(const std::string& dir, const md::Entry& e, size_t c, const std::string& key,
                       const std::string& where) {
   const md::Storage& s = e.chunk_storage[c];
-  const std::string bytes = read_range(dir, s, key, where);
+  std::vector<char> bytes = read_range(dir, s, key, where);
   const std::string what = where + ": key '" + key + "', chunk at " +
                            shape_of(e.chunks[c].offsets) + " in '" + s.relative_path + "'";
   c10::IValue v;
   try {
-    v = detail::unpickle(bytes, what);
+    v = detail::unpickle(std::move(bytes), what);
   } catch (const std::exception& ex) {
     detail::throw_error(std::string(ex.what()));
   }
@@ -318,6 +318,13 @@ void check_no_overlap(const md::Entry& e, const std::string& key, const std::str
 at::Tensor read_block(const std::string& dir, const md::Entry& e,
                       const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
                       const std::string& key, const std::string& where) {
+  // A chunk that is the block itself (a load at the world size of the save): its tensor,
+  // not a copy of it.
+  for (size_t c = 0; c < e.chunks.size(); ++c) {
+    if (e.chunks[c].offsets == offsets && e.chunks[c].sizes == sizes && volume(sizes) > 0) {
+      return read_chunk(dir, e, c, key, where);
+    }
+  }
   at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(e.dtype));
   int64_t covered = 0;
   for (size_t c = 0; c < e.chunks.size(); ++c) {
@@ -976,8 +983,8 @@ void load(StateDict& state, const std::string& dir) {
     if (item.kind == StateDict::Item::kObject) {
       DDP_CHECK(!e.is_tensor, where, ": key '", key,
                 "' is a tensor in the checkpoint, not an object.");
-      const std::string bytes = read_range(dir, e.object_storage, key, where);
-      staged[key] = detail::unpickle(bytes, where + ": key '" + key + "'");
+      staged[key] = detail::unpickle(read_range(dir, e.object_storage, key, where),
+                                     where + ": key '" + key + "'");
       continue;
     }
     DDP_CHECK(e.is_tensor, where, ": key '", key,

@@ -3,9 +3,9 @@
 // rank, is still read.
 //
 // Note [Sharded checkpoint folders]
-// The first format (still read, no longer written). A folder holds shard-<r>-of-<N>.pt for r < N and, last, `complete`, which rank 0
-// writes after every rank has written its file (a verdict exchange, as Note [Save
-// barrier]); a folder without it is not loaded. Each file is a dict Python's torch.load
+// The first format (still read, no longer written). A folder holds shard-<r>-of-<N>.pt
+// for r < N and, last, `complete`, which rank 0 writes after every rank has written its
+// file (a verdict exchange, as Note [Save barrier]); a folder without it is not loaded. Each file is a dict Python's torch.load
 // reads: "model" (this rank's state dict: its rows of each fully_shard parameter, the
 // other tensors whole), "rows" (per sharded key: [first row, rows, full sizes...]),
 // "optimizer" (optimizer_state_dict's layout, this rank's rows), "rng" (this rank's),

@@ -12,6 +12,7 @@
 #include <ddp/data/distributed_sampler.h>
 #include <ddp/fsdp/fully_shard.h>
 #include <ddp/serialize/checkpoint.h>
+#include <ddp/serialize/dcp.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -287,6 +288,23 @@ TEST(FullyShardCheckpoint, DcpDirectoryEqualsTheFile) {
     expect_same_checkpoint(reference, again);
     EXPECT_EQ(from_folder, from_file) << "world " << world;
     if (world == 3) EXPECT_EQ(from_folder, next_at3);
+  }
+
+  // A DCP folder that is not a Checkpoint's (as Python's dcp.save of a model writes) is
+  // refused by load_checkpoint, pointing at ddp::dcp::load; nothing changes.
+  auto plain = std::make_shared<TinyGptImpl>();
+  ddp::dcp::StateDict bare;
+  bare.add_model(*plain);
+  ddp::dcp::save(bare, dir.file("bare"));
+  auto other = std::make_shared<TinyGptImpl>();
+  const auto before = ddp::model_state_dict(*other);
+  ddp::Checkpoint ckpt(*other);
+  const std::string error =
+      ddp_test::error_of([&] { ddp::load_checkpoint(dir.file("bare"), ckpt); });
+  EXPECT_ERROR_HAS(error, "not a ddp-cpp checkpoint (it has no 'format' key)");
+  EXPECT_ERROR_HAS(error, "ddp::dcp::load");
+  for (const auto& kv : ddp::model_state_dict(*other)) {
+    EXPECT_TRUE(ddp_test::same_bits(kv.value(), before.at(kv.key()))) << kv.key() << " changed";
   }
 }
 

@@ -23,6 +23,7 @@
 #include <ddp/fsdp/fully_shard.h>
 #include <ddp/algorithms/join.h>
 #include <ddp/parallel/powersgd.h>
+#include <ddp/parallel/tensor_parallel.h>
 #include <ddp/nn/sync_batchnorm.h>
 #include <ddp/parallel/trace.h>
 
@@ -32,5 +33,6 @@
 #include <ddp/data/distributed_sampler.h>
 
 #include <ddp/serialize/checkpoint.h>
+#include <ddp/serialize/dcp.h>
 
 #include <ddp/optim/zero_redundancy_optimizer.h>

@@ -5,6 +5,10 @@
 
 #include "distributed/common/check.h"
 #include "fsdp/shard_unit.h"
+#include "tensor_parallel/tp_comm.h"
+
+#include <ddp/distributed/default_group.h>
+#include <ddp/parallel/tensor_parallel.h>
 
 #include <ATen/ATen.h>
 
@@ -78,22 +82,38 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
 c10::Dict<std::string, at::Tensor> full_state_dict(torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> items;
   std::unordered_map<const void*, at::Tensor> gathered;  // tied weights: gathered once
-  int rank = is_initialized() ? get_rank() : 0;
+  // Rank 0 of the default group keeps the result; with sharded parameters, the rank that
+  // is rank 0 of each group they are sharded over.
+  bool sharded = false, first = true;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     at::Tensor value = item.value();
+    at::Tensor& full = gathered[value.unsafeGetTensorImpl()];
+    if (full.defined()) {
+      items.emplace_back(item.key(), full);
+      continue;
+    }
     if (const detail::ShardedRef ref = detail::sharded_ref(value)) {
-      rank = ref.unit->group().rank();
+      sharded = true;
+      first = first && ref.unit->group().rank() == 0;
       DDP_CHECK(!ref.unit->unsharded(), "ddp::full_state_dict: unit ", ref.unit->name(),
                 " holds its full parameters (between a forward and its backward, or after "
                 "unshard()); call it after the step, or reshard() first.");
-      at::Tensor& full = gathered[value.unsafeGetTensorImpl()];
-      if (!full.defined()) full = ref.unit->gather_rows(*ref.param, ref.param->shard);
-      value = full;
+      value = ref.unit->gather_rows(*ref.param, ref.param->shard);
     }
+    // Note [Tensor-parallel forward]: the rank's chunk along the style's dimension.
+    if (const auto tp = tensor_parallel_shard(item.value())) {
+      sharded = true;
+      first = first && tp->group->rank() == 0;
+      value = detail::tp::gather_along(
+          value, tp->dim,
+          detail::tp::chunk_sizes(tp->full_size[static_cast<size_t>(tp->dim)], tp->group->size()),
+          *tp->group);
+    }
+    full = value;
     items.emplace_back(item.key(), value);
   }
   c10::Dict<std::string, at::Tensor> out;
-  if (rank != 0) return out;
+  if (sharded ? !first : (is_initialized() && get_rank() != 0)) return out;
   for (auto& kv : items) out.insert(kv.first, kv.second.detach().to(at::kCPU));
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
     if (item.value().defined()) out.insert(item.key(), item.value().detach().to(at::kCPU));
@@ -124,6 +144,7 @@ std::string check_state(torch::nn::Module& model, const c10::Dict<std::string, a
     const at::Tensor& t = item.value();
     std::vector<int64_t> sizes = t.sizes().vec();
     if (const detail::ShardedRef ref = detail::sharded_ref(t)) sizes = ref.param->sizes;
+    if (const auto tp = tensor_parallel_shard(t)) sizes = tp->full_size;
     std::string problem = check(item.key(), sizes);
     if (!problem.empty()) return problem;
   }
@@ -147,14 +168,21 @@ void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string,
                           bool from_rank0) {
   at::NoGradGuard no_grad;
   std::shared_ptr<ProcessGroup> group;
+  bool tensor_parallel = false;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (ShardUnit* unit = detail::unit_of_param(item.value())) {
       group = unit->group_ptr();
       DDP_CHECK(!unit->unsharded(), "ddp::load_full_state_dict: unit ", unit->name(),
                 " holds its full parameters; call it between steps, or reshard() first.");
     }
+    if (const auto tp = tensor_parallel_shard(item.value())) {
+      tensor_parallel = true;
+      if (!group) group = tp->group;
+    }
   }
-  if (!group && is_initialized()) group = default_group();
+  // With tensor parallelism the state is on rank 0 of the whole job, which the sharding
+  // groups (each a row or column of the mesh) need not reach.
+  if ((!group || tensor_parallel) && is_initialized()) group = default_group();
   const int rank = group ? group->rank() : 0;
   from_rank0 = from_rank0 && group && group->size() > 1;
   // Every rank learns rank 0's verdict before any broadcast, so none waits for a rank
@@ -169,13 +197,20 @@ void load_full_state_dict(torch::nn::Module& model, const c10::Dict<std::string,
     const detail::ShardedRef ref = detail::sharded_ref(target);
     const ShardedParam* p = ref.param;
     const at::TensorOptions opts = p ? p->shard.options() : target.options();
-    const std::vector<int64_t> sizes = p ? p->sizes : target.sizes().vec();
+    const auto tp = tensor_parallel_shard(target);
+    const std::vector<int64_t> sizes = tp ? tp->full_size : p ? p->sizes : target.sizes().vec();
     at::Tensor value;
     if (from_rank0) {
       value = rank == 0 ? state.at(key).to(opts).contiguous() : at::empty(sizes, opts);
       group->broadcast(value, 0);
     } else {
       value = state.at(key);
+    }
+    if (tp) {  // this rank's chunk along the style's dimension
+      const int64_t d = tp->dim;
+      value = value.narrow(d, tp->offset,
+                           detail::tp::chunk_sizes(tp->full_size[static_cast<size_t>(d)],
+                                                   tp->group->size())[tp->group->rank()]);
     }
     if (p) {
       p->shard.copy_(ref.unit->rows_of_this_rank(*p, value));

@@ -8,6 +8,7 @@
 #include <ddp/amp/grad_scaler.h>
 #include <ddp/fsdp/fully_shard.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
+#include <ddp/parallel/tensor_parallel.h>
 
 #include "amp/scaler_state.h"
 #include "distributed/common/check.h"
@@ -32,6 +33,18 @@ namespace {
 
 constexpr const char* kFormat = "ddp-cpp checkpoint";
 constexpr int64_t kVersion = 1;
+
+// The single file holds whole tensors, gathered on rank 0; a tensor-parallel model's
+// chunks (and its optimizer's) are not gathered there yet.
+void check_no_tensor_parallel(const torch::nn::Module& model, const std::string& where) {
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    DDP_CHECK(!tensor_parallel_shard(p.value()), where, ": '", p.key(),
+              "' is split by ddp::parallelize_module; a checkpoint file holds whole tensors. "
+              "Save tensor-parallel models as DCP folders (ddp::save_sharded_checkpoint, or "
+              "CheckpointOptions::format(ddp::CheckpointFormat::kDcp)), which every rank "
+              "writes its chunks to, or ddp::full_state_dict for the model alone.");
+  }
+}
 
 }  // namespace
 
@@ -270,6 +283,7 @@ void save_checkpoint_with(const std::string& path, const Checkpoint& checkpoint,
                           const std::function<void()>& before, const std::function<void()>& after) {
   DDP_CHECK(checkpoint.model() != nullptr, "save_checkpoint('", path,
             "'): Checkpoint::model is null; expected the unwrapped model");
+  check_no_tensor_parallel(*checkpoint.model(), "save_checkpoint('" + path + "')");
   const CheckpointGroup group = checkpoint_group(checkpoint);
   // Note [Sharded optimizers in checkpoints]: gathered on rank 0, with every rank.
   std::optional<c10::impl::GenericDict> sharded_state =
@@ -412,6 +426,7 @@ void load_checkpoint(const std::string& path, Checkpoint& checkpoint) {
   DDP_CHECK(file_exists(path), where,
             ": no such file. Expected a checkpoint written by "
             "ddp::save_checkpoint; ddp::latest_checkpoint(options) finds the newest one.");
+  check_no_tensor_parallel(*checkpoint.model(), where);
   const c10::impl::GenericDict top =
       as_dict(unpickle(read_file(path), where), "the file's content", where);
   // Note [Validate, then apply]

@@ -30,6 +30,7 @@
 
 #include <ddp/distributed/default_group.h>
 #include <ddp/distributed/groups.h>
+#include <ddp/parallel/tensor_parallel.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -39,7 +40,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -184,9 +187,17 @@ md::Metadata merge(const std::vector<md::Metadata>& parts) {
                 "' is a ", c10::toString(have.dtype), " tensor of size ", shape_of(have.size),
                 " on one rank but ", c10::toString(e.dtype), " of size ", shape_of(e.size),
                 " on rank ", r, "; every rank must describe the same tensor.");
-      have.chunks.insert(have.chunks.end(), e.chunks.begin(), e.chunks.end());
-      have.chunk_storage.insert(have.chunk_storage.end(), e.chunk_storage.begin(),
-                                e.chunk_storage.end());
+      // A chunk that another rank wrote already (replicas of the same part) is kept once,
+      // as DCP's planner deduplicates replicated items.
+      for (size_t c = 0; c < e.chunks.size(); ++c) {
+        const bool again =
+            std::any_of(have.chunks.begin(), have.chunks.end(), [&](const md::Chunk& h) {
+              return h.offsets == e.chunks[c].offsets && h.sizes == e.chunks[c].sizes;
+            });
+        if (again) continue;
+        have.chunks.push_back(e.chunks[c]);
+        have.chunk_storage.push_back(e.chunk_storage[c]);
+      }
     }
   }
   // A tensor that no rank wrote (state that only some optimizers have) is left out.
@@ -434,6 +445,55 @@ StateDict& StateDict::add_object(const std::string& key, c10::IValue value) {
   return add(key, std::move(item));
 }
 
+namespace {
+
+// Where a parameter at rest sits in its full tensor: its part under fully_shard (its rows)
+// and tensor parallelism (its chunk along the style's dimension), or both (Note
+// [Tensor-parallel forward] in src/tensor_parallel/tensor_parallel.cpp). nullopt: held
+// whole. `skip`: a scalar that another rank holds.
+struct Placed {
+  std::vector<int64_t> global_size, offsets;
+  bool save = true;
+  bool skip = false;
+};
+
+std::optional<Placed> placement_of(const at::Tensor& t, const std::string& name,
+                                   const char* where) {
+  std::optional<Placed> out;
+  if (const auto ref = detail::sharded_ref(t)) {
+    const detail::ShardedParam& p = *ref.param;
+    const auto& replicate = ref.unit->replicate();
+    out.emplace();
+    out->global_size = p.sizes;
+    out->save = !replicate || replicate->rank() == 0;  // the other replicas hold the same rows
+    if (p.sizes.empty()) {
+      // A scalar lives on the rank that holds its one row; it is held as that one-row
+      // shard, which block_of() views as a scalar.
+      out->skip = p.local_rows == 0;
+    } else {
+      // At rest the parameter is this rank's rows (Note [Shards in place]): it is held
+      // itself, never through a view, which would outlive fully_shard's swaps of its
+      // storage.
+      DDP_CHECK(t.sizes().vec() == p.shard_sizes(p.local_rows), where, ": '", name,
+                "' is not at rest (its full parameters are out); add the model between "
+                "steps.");
+      out->offsets.assign(p.sizes.size(), 0);
+      out->offsets[0] = p.first_row(ref.unit->group().rank());
+    }
+  }
+  if (const auto tp = tensor_parallel_shard(t)) {
+    if (!out) {
+      out.emplace();
+      out->offsets.assign(tp->full_size.size(), 0);
+    }
+    out->global_size = tp->full_size;
+    out->offsets[static_cast<size_t>(tp->dim)] += tp->offset;
+  }
+  return out;
+}
+
+}  // namespace
+
 StateDict& StateDict::add_model(const torch::nn::Module& model, const std::string& prefix) {
   auto add_one = [&](const std::string& name, const at::Tensor& t) {
     const std::string key = prefix.empty() ? name : prefix + "." + name;
@@ -441,29 +501,12 @@ StateDict& StateDict::add_model(const torch::nn::Module& model, const std::strin
     item.path =
         prefix.empty() ? std::vector<c10::IValue>{name} : std::vector<c10::IValue>{prefix, name};
     item.tensor = t;
-    if (const auto ref = detail::sharded_ref(t)) {
-      const detail::ShardedParam& p = *ref.param;
-      const int r = ref.unit->group().rank();
-      const auto& replicate = ref.unit->replicate();
-      const bool writer = !replicate || replicate->rank() == 0;
+    if (const auto placed = placement_of(t, name, "ddp::dcp::StateDict::add_model")) {
+      if (placed->skip) return;
       item.kind = Item::kShard;
-      item.global_size = p.sizes;
-      if (p.sizes.empty()) {
-        // A scalar lives on the rank that holds its one row.
-        if (p.local_rows == 0) return;
-        item.offsets = {};  // held as its one-row shard; block_of() views it as a scalar
-      } else {
-        // At rest the parameter is this rank's rows (Note [Shards in place]): it is held
-        // itself, never through a view, which would outlive fully_shard's swaps of its
-        // storage.
-        DDP_CHECK(t.sizes().vec() == p.shard_sizes(p.local_rows),
-                  "ddp::dcp::StateDict::add_model: '", name,
-                  "' is not at rest (its full parameters are out); add the model "
-                  "between steps.");
-        item.offsets.assign(p.sizes.size(), 0);
-        item.offsets[0] = p.first_row(r);
-      }
-      item.save = writer;  // the other replicas hold the same rows
+      item.global_size = placed->global_size;
+      item.offsets = placed->offsets;
+      item.save = placed->save;
     } else {
       item.kind = Item::kTensor;
     }
@@ -641,21 +684,18 @@ StateDict& StateDict::add_optimizer(torch::optim::Optimizer& optimizer,
         }
       }
     }
-    const auto ref = detail::sharded_ref(p);
+    const auto placed = placement_of(p, name, "ddp::dcp::StateDict::add_optimizer");
     for (auto& [k, t] : tensors) {
       Item item;
       item.path = {prefix, "state", name, k};
       item.tensor = t;
       // With HSDP the other replicas hold the same rows: the first writes them.
-      if (ref && ref.unit->replicate()) item.save = ref.unit->replicate()->rank() == 0;
-      if (ref && k != "step") {
-        const detail::ShardedParam& sp = *ref.param;
-        if (sp.sizes.empty() && sp.local_rows == 0) continue;  // a scalar another rank holds
+      if (placed) item.save = placed->save;
+      if (placed && k != "step") {
+        if (placed->skip) continue;  // a scalar another rank holds
         item.kind = Item::kShard;
-        item.global_size = sp.sizes;
-        item.offsets.assign(sp.sizes.size(), 0);
-        // (A scalar's state is held in its one-row shape; block_of() views it as a scalar.)
-        if (!sp.sizes.empty()) item.offsets[0] = sp.first_row(ref.unit->group().rank());
+        item.global_size = placed->global_size;
+        item.offsets = placed->offsets;
       } else {
         item.kind = Item::kTensor;
       }

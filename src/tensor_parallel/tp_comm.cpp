@@ -195,6 +195,11 @@ struct AllGatherTo : torch::autograd::Function<AllGatherTo> {
 
 }  // namespace
 
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& sizes,
+                        ProcessGroup& group) {
+  return gather(x.contiguous(), wrap(dim, x), sizes, group);
+}
+
 std::vector<int64_t> chunk_sizes(int64_t total, int64_t n) {
   const int64_t each = n > 0 ? (total + n - 1) / n : 0;
   std::vector<int64_t> out;

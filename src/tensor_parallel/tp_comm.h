@@ -22,6 +22,10 @@ std::vector<int64_t> chunk_sizes(int64_t total, int64_t n);
 /// The first index of rank `r`'s chunk.
 int64_t chunk_offset(int64_t total, int64_t n, int64_t r);
 
+/// All ranks' slices of `x` along `dim` (of lengths `sizes`) put together; no autograd.
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& sizes,
+                        ProcessGroup& group);
+
 /// Every rank's length along `dim` of `local` (one small all-gather).
 std::vector<int64_t> exchange_sizes(ProcessGroup& group, const at::Tensor& local, int64_t dim);
 

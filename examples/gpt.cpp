@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   int64_t max_epochs = 20, max_steps = 0, batch_size = 32, grad_accum = 1, save_every = 100,
           log_every = 10, seed = 42, sample_length = 300;
   double learning_rate = 1e-3, weight_decay = 0.1, grad_norm_clip = 1.0;
-  int threads = 0, timeout_s = 1800;
+  int threads = 0, timeout_s = 1800, tp = 1;
   std::string backend, run_dir = "runs", name = "gpt", prompt, save_init, checkpoint_format;
   bool resume = false, amp = false, zero = false, fsdp = false, activation_checkpointing = false,
        no_save = false;
@@ -171,11 +171,29 @@ int main(int argc, char** argv) {
                "Shard weights, gradients and AdamW state (ddp::fully_shard on each block "
                "and the root) instead of DDP")
       ->excludes(zero_flag);
+  app.add_option("--tp", tp,
+                 "Tensor parallelism over N ranks (ddp::parallelize_module: q, k, v and fc "
+                 "column-wise, the projections row-wise); the other ranks replicate with DDP, "
+                 "or shard with --fsdp (a (dp, tp) mesh). N divides the ranks and --n-head")
+      ->capture_default_str()
+      ->check(examples::kPositive);
   app.add_flag("--activation-checkpointing", activation_checkpointing,
                "Keep no activations inside the blocks; backward recomputes them (each block "
                "in ddp::checkpoint_wrapper, inside its fully_shard unit with --fsdp). Same "
                "losses, less memory, about a third more compute");
   CLI11_PARSE(app, argc, argv);
+  if (tp > 1 && (zero || activation_checkpointing)) {
+    std::fprintf(stderr,
+                 "gpt: --tp %d with %s is not supported yet. Use --tp with DDP or "
+                 "--fsdp.\n",
+                 tp, zero ? "--zero" : "--activation-checkpointing");
+    return 2;
+  }
+  if (tp > 1 && config.n_head % tp != 0) {
+    std::fprintf(stderr, "gpt: --tp %d must divide --n-head (%lld): each rank takes whole heads.\n",
+                 tp, static_cast<long long>(config.n_head));
+    return 2;
+  }
   if (no_save && resume) {
     std::fprintf(stderr, "gpt: --no-save and --resume exclude each other: --no-save writes no "
                          "checkpoint to resume from. Drop one of them.\n");
@@ -197,6 +215,25 @@ int main(int argc, char** argv) {
     const int rank = ddp::get_rank();
     const int world_size = ddp::get_world_size();
     const torch::Device device = ddp::get_device();
+    // --tp: a (dp, tp) mesh; the ranks of a "tp" row hold one replica between them and
+    // see the same batches, the "dp" ranks different ones.
+    if (world_size % tp != 0) {
+      if (rank == 0) {
+        std::fprintf(stderr, "gpt: --tp %d must divide the number of ranks (%d).\n", tp,
+                     world_size);
+      }
+      return 2;
+    }
+    std::optional<ddp::DeviceMesh> mesh;
+    std::shared_ptr<ddp::ProcessGroup> dp_group;  // nullptr: every rank (no --tp)
+    int dp_rank = rank, dp_size = world_size;
+    if (tp > 1) {
+      mesh = ddp::init_device_mesh(device.is_cuda() ? "cuda" : "cpu", {world_size / tp, tp},
+                                   {"dp", "tp"});
+      dp_group = mesh->get_group("dp");
+      dp_rank = static_cast<int>(mesh->get_local_rank("dp"));
+      dp_size = world_size / tp;
+    }
 
     // The data: every rank reads the file; the sampler decides who trains on what.
     const gpt::Corpus corpus = gpt::load_corpus(data, truncate, train_split, config.block_size);
@@ -212,31 +249,49 @@ int main(int argc, char** argv) {
     int64_t parameter_count = 0;
     for (const auto& p : model->parameters()) parameter_count += p.numel();
 
+    // --tp: each rank its heads of q, k, v and proj, its columns of fc and rows of proj
+    // (Note [Tensor-parallel GPT] in gpt/model.h).
+    if (tp > 1) {
+      ddp::parallelize_module(*model, (*mesh)["tp"],
+                              {{"blocks.*.attn.q", ddp::ColwiseParallel()},
+                               {"blocks.*.attn.k", ddp::ColwiseParallel()},
+                               {"blocks.*.attn.v", ddp::ColwiseParallel()},
+                               {"blocks.*.attn.proj", ddp::RowwiseParallel()},
+                               {"blocks.*.mlp.fc", ddp::ColwiseParallel()},
+                               {"blocks.*.mlp.proj", ddp::RowwiseParallel()}});
+    }
+    const bool split = fsdp || tp > 1;  // a parameter's whole value needs a gather
+
     // Step 5: replicate with DDP (which broadcasts rank 0's weights), or shard: each block
-    // a unit, then the root (each rank keeps its rows of every weight).
+    // a unit, then the root (each rank keeps its rows of every weight). With --tp, over
+    // the "dp" ranks.
     ddp::DistributedDataParallel<gpt::Gpt> dmodel{nullptr};
     ddp::FullyShard<gpt::GptImpl> sharded{nullptr};
     // --activation-checkpointing first: each block's checkpoint sits inside its unit.
     if (activation_checkpointing) ddp::apply_activation_checkpointing<gpt::BlockImpl>(*model);
     if (fsdp) {
+      const auto shard_options = ddp::FullyShardOptions().process_group(dp_group);
       for (size_t i = 0; i < model->blocks->size(); ++i) {
         if (activation_checkpointing) {
-          ddp::fully_shard(model->blocks->ptr<ddp::CheckpointWrapperImpl<gpt::BlockImpl>>(i));
+          ddp::fully_shard(model->blocks->ptr<ddp::CheckpointWrapperImpl<gpt::BlockImpl>>(i),
+                           shard_options);
         } else {
-          ddp::fully_shard(model->blocks->ptr<gpt::BlockImpl>(i));
+          ddp::fully_shard(model->blocks->ptr<gpt::BlockImpl>(i), shard_options);
         }
       }
-      sharded = ddp::fully_shard(model.ptr());
+      sharded = ddp::fully_shard(model.ptr(), shard_options);
     } else {
-      auto options = ddp::DistributedDataParallelOptions();
+      auto options = ddp::DistributedDataParallelOptions().process_group(dp_group);
       if (device.is_cuda()) options.device_ids({device.index()});
       dmodel = ddp::DistributedDataParallel(model, options);
     }
     auto forward = [&](const torch::Tensor& x) { return fsdp ? sharded(x) : dmodel(x); };
-    torch::manual_seed(seed + rank);  // but each rank its own dropout masks
+    // But each replica its own dropout masks (a tp row shares them: its activations
+    // outside the split layers are the same tensors).
+    torch::manual_seed(seed + dp_rank);
 
     if (!save_init.empty() && !resume) {
-      const auto state = fsdp ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
+      const auto state = split ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
       if (rank == 0) ddp::save_state_dict(state, save_init);
     }
 
@@ -269,17 +324,18 @@ int main(int argc, char** argv) {
         fsdp ? ddp::default_group() : nullptr));
 
     // Step 7: each rank its slice of the training windows, reshuffled every epoch (step 8).
-    ddp::DistributedSampler sampler(static_cast<size_t>(corpus.train.size()),
-                                    ddp::DistributedSamplerOptions().seed(seed));
+    ddp::DistributedSampler sampler(
+        static_cast<size_t>(corpus.train.size()),
+        ddp::DistributedSamplerOptions().seed(seed).num_replicas(dp_size).rank(dp_rank));
     const int64_t micro_batches =
         (static_cast<int64_t>(sampler.num_samples()) + batch_size - 1) / batch_size;
     const int64_t steps_per_epoch = (micro_batches + grad_accum - 1) / grad_accum;
 
     // Checkpoints: model, AdamW (or its shards), epoch, step, sampler position, RNG.
-    // With --fsdp or --zero, DCP folders: each rank writes its own shards, nothing gathered.
+    // With --fsdp, --zero or --tp, DCP folders: each rank writes its own shards.
     const ddp::CheckpointOptions checkpoints =
         ddp::CheckpointOptions((out_dir / "checkpoints").string())
-            .format(examples::checkpoint_format(checkpoint_format, fsdp || zero));
+            .format(examples::checkpoint_format(checkpoint_format, split || zero));
     ddp::Checkpoint checkpoint(*model);
     if (zero_optimizer)
       checkpoint.optimizer(zero_optimizer);
@@ -318,6 +374,7 @@ int main(int argc, char** argv) {
           (std::string(fsdp   ? "fully_shard"
                        : zero ? "DDP + ZeRO"
                               : "DDP") +
+           (tp > 1 ? " x tensor parallel " + std::to_string(tp) : std::string()) +
            (activation_checkpointing ? ", activation checkpointing" : ""))
               .c_str(),
           static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
@@ -327,7 +384,7 @@ int main(int argc, char** argv) {
           static_cast<long long>(corpus.validation.size()), static_cast<long long>(max_epochs),
           static_cast<long long>(steps_per_epoch), static_cast<long long>(grad_accum),
           static_cast<long long>(batch_size),
-          static_cast<long long>(grad_accum * batch_size * world_size * config.block_size),
+          static_cast<long long>(grad_accum * batch_size * dp_size * config.block_size),
           learning_rate,
           !amp               ? ""
           : device.is_cuda() ? ", mixed precision (float16, gradient scaler)"
@@ -337,15 +394,16 @@ int main(int argc, char** argv) {
 
     // Validation: the first windows of the validation text, an equal share per rank (a
     // sharded forward is collective: every rank runs the same batches). Mean loss per token.
-    const int64_t eval_per_rank = std::min<int64_t>(corpus.validation.size(), 1024) / world_size;
+    // (With --tp the ranks of a tp row run the same batches.)
+    const int64_t eval_per_rank = std::min<int64_t>(corpus.validation.size(), 1024) / dp_size;
     auto validate = [&]() {
       double loss_sum = 0, tokens = 0;
       torch::NoGradGuard no_grad;
       model->eval();  // (a unit's own flag too: the root's forward checks it)
       if (fsdp) sharded->eval();
       for (int64_t i = 0; i < eval_per_rank; i += batch_size) {
-        const int64_t begin = rank * eval_per_rank + i;
-        const int64_t end = rank * eval_per_rank + std::min(eval_per_rank, i + batch_size);
+        const int64_t begin = dp_rank * eval_per_rank + i;
+        const int64_t end = dp_rank * eval_per_rank + std::min(eval_per_rank, i + batch_size);
         auto [x, y] = corpus.validation.range(begin, end);
         x = x.to(device), y = y.to(device);
         torch::Tensor logits;
@@ -446,11 +504,11 @@ int main(int argc, char** argv) {
             micro_step();
           }
           loss_count += 1;
-          tokens += static_cast<double>(y.numel());
+          tokens += static_cast<double>(y.numel()) / tp;  // a tp row's ranks share them
         }
         if (scaling) scaler.unscale_(*optimizer);
         if (grad_norm_clip > 0) {
-          if (fsdp)
+          if (split)
             ddp::clip_grad_norm_(model->parameters(), grad_norm_clip);
           else
             torch::nn::utils::clip_grad_norm_(model->parameters(), grad_norm_clip);
@@ -486,7 +544,7 @@ int main(int argc, char** argv) {
       ddp::destroy_process_group();
       return 0;
     }
-    const auto state = fsdp ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
+    const auto state = split ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
     if (rank == 0) {
       const fs::path model_path = out_dir / "model.pt", plot_path = out_dir / "loss.svg";
       ddp::save_state_dict(state, model_path.string());

@@ -15,6 +15,7 @@ import gc
 import json
 import math
 import os
+import sys
 import time
 
 import torch
@@ -31,13 +32,18 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head, dropout):
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)  # Note [No bias on qkv], model.h
+        # Note [No bias on qkv] and Note [Tensor-parallel GPT], model.h
+        self.q = nn.Linear(n_embd, n_embd, bias=False)
+        self.k = nn.Linear(n_embd, n_embd, bias=False)
+        self.v = nn.Linear(n_embd, n_embd, bias=False)
         self.proj = nn.Linear(n_embd, n_embd)
 
     def forward(self, x):
-        b, t, c = x.shape
-        hd = c // self.n_head
-        q, k, v = [y.view(b, t, self.n_head, hd).transpose(1, 2) for y in self.qkv(x).split(c, 2)]
+        b, t, _ = x.shape
+        hd = x.size(2) // self.n_head
+        q = self.q(x)
+        c = q.size(2)  # under tensor parallelism, this rank's heads
+        q, k, v = [y.view(b, t, c // hd, hd).transpose(1, 2) for y in (q, self.k(x), self.v(x))]
         p = self.dropout if self.training else 0.0
         if hasattr(F, "scaled_dot_product_attention"):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=p, is_causal=True)
@@ -153,6 +159,9 @@ def main():
     a.add_argument("--seed", type=int, default=42)
     a.add_argument("--amp", action="store_true")
     a.add_argument("--backend", default="")
+    a.add_argument("--tp", type=int, default=1,
+                   help="tensor parallelism over all the ranks (PyTorch's parallelize_module, "
+                        "gpt --tp's plan)")
     a.add_argument("--init", help="initial weights (gpt --save-init); default: initialise here")
     a.add_argument("--metrics", help="write the records here (metrics.jsonl's format)")
     a.add_argument("--out", help="rank 0 writes the final state dict here")
@@ -175,22 +184,41 @@ def main():
     if args.init:
         model.load_state_dict(torch.load(args.init))
     model.to(device)
-    dmodel = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    torch.manual_seed(args.seed + rank)
+    dp_rank, dp_size, tp = rank, world, args.tp
+    if tp > 1:
+        # gpt --tp's plan (Note [Tensor-parallel GPT] in model.h) with PyTorch's own styles.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+        if world != tp:
+            sys.exit(f"gpt.py --tp {tp}: tensor parallelism over all {world} ranks only")
+        plan = {}
+        for i in range(args.n_layer):
+            for name in ("attn.q", "attn.k", "attn.v", "mlp.fc"):
+                plan[f"blocks.{i}.{name}"] = ColwiseParallel()
+            for name in ("attn.proj", "mlp.proj"):
+                plan[f"blocks.{i}.{name}"] = RowwiseParallel()
+        parallelize_module(model, init_device_mesh(device.type, (tp,)), plan)
+        dmodel, dp_rank, dp_size = model, 0, 1
+    else:
+        dmodel = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    torch.manual_seed(args.seed + dp_rank)
 
     named = list(model.named_parameters())
     groups = [
         {"params": [p for n, p in named if Gpt.decays(n, p)], "weight_decay": args.weight_decay},
         {"params": [p for n, p in named if not Gpt.decays(n, p)], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95))
+    # (foreach kernels take DTensors or tensors, not both in one list)
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95),
+                                  foreach=False if tp > 1 else None)
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     scaler = (torch.amp.GradScaler("cuda", enabled=args.amp and device.type == "cuda")
               if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
               else torch.cuda.amp.GradScaler(enabled=args.amp and device.type == "cuda"))
-    sampler = DistributedSampler(range(len(train)), num_replicas=world, rank=rank, shuffle=True,
-                                 seed=args.seed)
-    eval_per_rank = min(len(validation), 1024) // world
+    sampler = DistributedSampler(range(len(train)), num_replicas=dp_size, rank=dp_rank,
+                                 shuffle=True, seed=args.seed)
+    eval_per_rank = min(len(validation), 1024) // dp_size
 
     def sum_over_ranks(values):
         t = torch.tensor(values, dtype=torch.float64, device=device)
@@ -202,8 +230,8 @@ def main():
         model.eval()
         with torch.no_grad():
             for i in range(0, eval_per_rank, args.batch_size):
-                begin = rank * eval_per_rank + i
-                end = rank * eval_per_rank + min(eval_per_rank, i + args.batch_size)
+                begin = dp_rank * eval_per_rank + i
+                end = dp_rank * eval_per_rank + min(eval_per_rank, i + args.batch_size)
                 x, y = validation.batch(list(range(begin, end)))
                 x, y = x.to(device), y.to(device)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
@@ -264,7 +292,7 @@ def main():
                 x, y = train.batch(batch)
                 x, y = x.to(device), y.to(device)
                 sync = k + 1 == len(group)
-                context = dmodel.no_sync() if not sync else _null()
+                context = dmodel.no_sync() if not sync and tp == 1 else _null()
                 with context:
                     with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
                         logits = dmodel(x)
@@ -272,10 +300,12 @@ def main():
                     scaler.scale(loss / args.grad_accum).backward()
                 sums[0] += loss.item()
                 sums[1] += 1
-                sums[2] += y.numel()
+                sums[2] += y.numel() / tp
             if scaler.is_enabled():
                 scaler.unscale_(optimizer)
-            if args.grad_norm_clip > 0:
+            if args.grad_norm_clip > 0 and tp > 1:
+                clip_whole(model.parameters(), args.grad_norm_clip)
+            elif args.grad_norm_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_norm_clip)
             scaler.step(optimizer)
             scaler.update()
@@ -288,9 +318,12 @@ def main():
                 break
         record(epoch, True)
 
+    state = model.state_dict()
+    if tp > 1:  # every rank takes part in gathering the DTensors
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
     if rank == 0:
         if args.out:
-            torch.save(model.state_dict(), args.out)
+            torch.save(state, args.out)
         print(f"done: {step} steps in {time.time() - start:.1f}s", flush=True)
     # Every rank is done before any releases its group, and the DDP wrapper, which holds the
     # group, goes first: PyTorch 2.x's Gloo can abort a process whose peer tears down its
@@ -299,6 +332,18 @@ def main():
     del dmodel
     gc.collect()
     dist.destroy_process_group()
+
+
+def clip_whole(parameters, max_norm):
+    """clip_grad_norm_ over gradients some of which are DTensors: the norm of the whole
+    gradients (a sharded one gathered), in float64 as ddp::clip_grad_norm_."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    whole = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads]
+    total = sum(w.double().pow(2).sum() for w in whole).sqrt().item()
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for g in grads:
+            g.mul_(coef)
 
 
 class _null:

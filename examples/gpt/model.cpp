@@ -15,19 +15,22 @@ namespace gpt {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& config)
     : n_head(config.n_head), dropout(config.dropout) {
-  // No bias on qkv (Note [No bias on qkv] in model.h).
-  qkv =
-      register_module("qkv",
-                      torch::nn::Linear(
-                          torch::nn::LinearOptions(config.n_embd, 3 * config.n_embd).bias(false)));
-  proj = register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  // No bias on q, k, v (Note [No bias on qkv] in model.h).
+  const auto projection = torch::nn::LinearOptions(config.n_embd, config.n_embd).bias(false);
+  q = register_module("q", ddp::TensorParallel<torch::nn::LinearImpl>(projection));
+  k = register_module("k", ddp::TensorParallel<torch::nn::LinearImpl>(projection));
+  v = register_module("v", ddp::TensorParallel<torch::nn::LinearImpl>(projection));
+  proj = register_module("proj",
+                         ddp::TensorParallel<torch::nn::LinearImpl>(config.n_embd, config.n_embd));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / n_head;
-  auto parts = qkv(x).split(c, 2);
-  auto heads = [&](const at::Tensor& y) { return y.view({b, t, n_head, hd}).transpose(1, 2); };
-  const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B,H,T,hd]
+  const int64_t b = x.size(0), t = x.size(1), hd = x.size(2) / n_head;
+  // Under tensor parallelism q, k and v are this rank's heads (Note [Tensor-parallel GPT]).
+  const at::Tensor q_out = this->q(x);
+  const int64_t c = q_out.size(2), h = c / hd;
+  auto heads = [&](const at::Tensor& y) { return y.view({b, t, h, hd}).transpose(1, 2); };
+  const at::Tensor q = heads(q_out), k = heads(this->k(x)), v = heads(this->v(x));  // [B,h,T,hd]
   const double p = is_training() ? dropout : 0.0;
 #if TORCH_VERSION_MAJOR >= 2
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, p, /*is_causal=*/true);
@@ -44,8 +47,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
 }
 
 MlpImpl::MlpImpl(const GptConfig& config) : dropout(config.dropout) {
-  fc = register_module("fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
-  proj = register_module("proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  fc = register_module("fc", ddp::TensorParallel<torch::nn::LinearImpl>(config.n_embd,
+                                                                        4 * config.n_embd));
+  proj = register_module("proj", ddp::TensorParallel<torch::nn::LinearImpl>(4 * config.n_embd,
+                                                                            config.n_embd));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {

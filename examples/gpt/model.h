@@ -3,7 +3,7 @@
 // The GPT of examples/gpt.cpp: a decoder-only transformer over characters (GPT-2's
 // layout, minGPT's sizes as flags). Submodule names are the attribute names of the
 // Python twin (examples/gpt/gpt.py), so the state dict reads "wte.weight",
-// "blocks.0.attn.qkv.weight", ... and loads into it.
+// "blocks.0.attn.q.weight", ... and loads into it.
 //
 //   idx [B, T] -> wte(idx) + wpe(0..T-1) -> dropout -> N x Block -> ln_f
 //              -> logits [B, T, vocab] = x @ wte.weight^T      (output tied to wte)
@@ -13,14 +13,25 @@
 //   mlp:   fc (4 n_embd) -> GELU -> proj -> dropout
 //
 // Note [No bias on qkv]
-// GPT-2's qkv projection has a bias; this one has none (as LLaMA's, or nanoGPT with
+// GPT-2's qkv projection has a bias; these have none (as LLaMA's, or nanoGPT with
 // bias=False). The key's third of that bias adds the same number to every score of a
 // query's row, which softmax cancels: its gradient is zero in exact arithmetic, so what
 // AdamW sees is rounding noise, divided by its own magnitude (about lr per step in a
 // random direction). Two correct implementations then drift apart in those entries by
 // 1e-3 relative in 20 steps while every other weight agrees to 1e-6; without it, the C++
-// model and its Python twin agree everywhere. The query's and value's biases go with it
-// (one fused projection); the loss does not notice.
+// model and its Python twin agree everywhere. The query's and value's biases go with it;
+// the loss does not notice.
+//
+// Note [Tensor-parallel GPT]
+// q, k, v, proj, fc and mlp.proj are ddp::TensorParallel fields: plain Linears until
+// `gpt --tp N` applies a plan (ColwiseParallel on q, k, v and fc, RowwiseParallel on the
+// two proj). The three projections are separate (LLaMA's wq, wk, wv; torchtitan's plan)
+// so that ColwiseParallel's chunks of each are whole heads: a fused [3C, C] weight split
+// by rows would give one rank all the queries. Attention then runs on the rank's
+// n_head / N heads (counted from q's output width). The embeddings, the LayerNorms and
+// the tied output layer stay whole on every rank.
+
+#include <ddp/parallel/tensor_parallel.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -51,7 +62,8 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
 
   int64_t n_head;
   double dropout;
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  // Note [Tensor-parallel GPT]
+  ddp::TensorParallel<torch::nn::LinearImpl> q{nullptr}, k{nullptr}, v{nullptr}, proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -60,7 +72,7 @@ struct MlpImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   double dropout;
-  torch::nn::Linear fc{nullptr}, proj{nullptr};
+  ddp::TensorParallel<torch::nn::LinearImpl> fc{nullptr}, proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -32,19 +33,39 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   DDP_CHECK(std::isfinite(max_norm) && max_norm >= 0,
             "ddp::clip_grad_norm_: max_norm must be a finite number >= 0, but got ", max_norm, ".");
   const bool inf = std::isinf(norm_type);
+  auto combine = [inf](const at::Tensor& acc, const at::Tensor& part) {
+    return !acc.defined() ? part : (inf ? at::maximum(acc, part) : acc + part);
+  };
   std::vector<at::Tensor> grads;
   std::unordered_set<const void*> seen;
-  std::shared_ptr<ProcessGroup> group;
-  at::Tensor sharded_part, local_part;
+  // Each gradient's p-th power sum goes to the bucket of the groups its parameter is split
+  // over (fully_shard's, tensor parallelism's, both or none), in the parameters' order, so
+  // that every rank reduces the same buckets in the same order.
+  struct Bucket {
+    ProcessGroup* fsdp;
+    std::shared_ptr<ProcessGroup> tp;
+    at::Tensor part;
+  };
+  std::vector<Bucket> buckets;
+  std::shared_ptr<ProcessGroup> fsdp_group;
   c10::optional<c10::Device> device;
   for (const at::Tensor& p : parameters) {
     if (!p.defined() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
     ShardUnit* unit = detail::unit_of_param(p);
     if (unit) {
-      DDP_CHECK(!group || group.get() == unit->group_ptr().get(),
+      DDP_CHECK(!fsdp_group || fsdp_group.get() == unit->group_ptr().get(),
                 "ddp::clip_grad_norm_: the parameters are sharded over different process "
                 "groups; pass the parameters of one group at a time.");
-      group = unit->group_ptr();
+      fsdp_group = unit->group_ptr();
+    }
+    const auto tp = tensor_parallel_shard(p);
+    std::shared_ptr<ProcessGroup> tp_group = tp ? tp->group : nullptr;
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
+      return b.fsdp == (unit ? unit->group_ptr().get() : nullptr) && b.tp == tp_group;
+    });
+    if (it == buckets.end()) {
+      buckets.push_back(Bucket{unit ? unit->group_ptr().get() : nullptr, tp_group, at::Tensor()});
+      it = buckets.end() - 1;
     }
     const at::Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -53,23 +74,21 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     at::Tensor part = inf ? g.detach().abs().max().to(at::kDouble)
                           : g.detach().to(at::kDouble).abs().pow(norm_type).sum();
     if (g.numel() == 0) part = at::zeros({}, part.options());
-    at::Tensor& acc = unit ? sharded_part : local_part;
-    acc = !acc.defined() ? part : (inf ? at::maximum(acc, part) : acc + part);
+    it->part = combine(it->part, part);
   }
   const at::TensorOptions opts =
       at::TensorOptions()
           .dtype(at::kDouble)
-          .device(device ? *device : (group ? group->device() : c10::Device(at::kCPU)));
-  if (!sharded_part.defined()) sharded_part = at::zeros({}, opts);
-  if (!local_part.defined()) local_part = at::zeros({}, opts);
-  if (group) {
-    at::Tensor s = sharded_part.to(opts.device()).reshape({1});
-    group->all_reduce(s, inf ? ReduceOp::MAX : ReduceOp::SUM);
-    sharded_part = s.reshape({});
+          .device(device ? *device : (fsdp_group ? fsdp_group->device() : c10::Device(at::kCPU)));
+  at::Tensor total;
+  for (Bucket& b : buckets) {
+    at::Tensor s = (b.part.defined() ? b.part.to(opts.device()) : at::zeros({}, opts)).reshape({1});
+    if (b.fsdp) b.fsdp->all_reduce(s, inf ? ReduceOp::MAX : ReduceOp::SUM);
+    if (b.tp) b.tp->all_reduce(s, inf ? ReduceOp::MAX : ReduceOp::SUM);
+    total = combine(total, s.reshape({}));
   }
-  at::Tensor total =
-      inf ? at::maximum(sharded_part.to(opts.device()), local_part.to(opts.device()))
-          : (sharded_part.to(opts.device()) + local_part.to(opts.device())).pow(1.0 / norm_type);
+  if (!total.defined()) total = at::zeros({}, opts);
+  if (!inf) total = total.pow(1.0 / norm_type);
   const double norm = total.item<double>();
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1) {

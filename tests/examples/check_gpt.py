@@ -13,6 +13,14 @@
       3 ranks: --zero (ZeroRedundancyOptimizer) and --fsdp (fully_shard), the latter also
       with --grad-accum 2, end with the parameters and losses of plain DDP.
 
+  check_gpt.py tp DDPRUN GPT GPT_PY WORKDIR
+      Tensor parallelism, 20 steps from the same initial weights: --tp 2 at 2 ranks
+      equals the 1-rank run (losses within 1e-5 relative; --save-init gathers the same
+      weights bit for bit), PyTorch's own parallelize_module on the Python twin
+      (gpt.py --tp 2, Gloo) gives the same losses and parameters within 1e-5, and
+      --tp 2 --fsdp at 4 ranks (a 2 x 2 mesh) equals DDP at 2 ranks. The --tp run's last
+      checkpoint is a DCP folder that PyTorch's dcp_to_torch_save reads as model.pt.
+
   check_gpt.py activation-checkpointing DDPRUN GPT WORKDIR
       2 ranks with dropout, 8 steps: --activation-checkpointing gives the losses and the
       final parameters of the same run without it, bit for bit (the recompute replays
@@ -224,6 +232,57 @@ def check_variants(ddprun, gpt, work):
     w = compare_models(os.path.join(d, "model.pt"), os.path.join(base_accum, "model.pt"),
                        VARIANT_TOLERANCE, "fsdp --grad-accum 2")
     print(f"OK: --fsdp --grad-accum 2 at 3 ranks: parameters within {w:.2g} of DDP's")
+
+
+def check_tp(ddprun, gpt, gpt_py, work):
+    import torch
+    fresh(work)
+    common = ["--max-steps", "20", "--log-every", "1", "--dropout", "0"]
+    init = os.path.join(work, "init.pt")
+    one = cpp_run(ddprun, gpt, work, "one", 1, common + ["--save-init", init, "--save-every", "0"])
+    tp_init = os.path.join(work, "tp_init.pt")
+    tp = cpp_run(ddprun, gpt, work, "tp", 2, common + ["--tp", "2", "--save-init", tp_init])
+    compare_models(tp_init, init, 0, "--tp 2 --save-init (gathered) against 1 rank's")
+    worst = compare_records(read_records(os.path.join(tp, "metrics.jsonl")),
+                            read_records(os.path.join(one, "metrics.jsonl")), 1e-5, "--tp 2")
+    w = compare_models(os.path.join(tp, "model.pt"), os.path.join(one, "model.pt"),
+                       VARIANT_TOLERANCE, "--tp 2 against 1 rank")
+    print(f"OK: --tp 2 at 2 ranks: losses within {worst:.2g}, parameters within {w:.2g} of "
+          "1 rank's")
+    check_dcp_folder(tp)
+
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 4):
+        py_metrics, py_model = os.path.join(work, "py.jsonl"), os.path.join(work, "py.pt")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", "2"]
+        code, out = run(launcher + [gpt_py, "--data", os.path.join(work, "text.txt"),
+                                    "--init", init, "--metrics", py_metrics, "--out", py_model,
+                                    "--tp", "2"]
+                        + [a for a in SMALL if a not in ("--sample-length", "0")] + common,
+                        timeout=300, env=env)
+        if code != 0:
+            fail(f"gpt.py --tp 2 under torchrun: exit code {code}, expected 0", out)
+        worst = compare_records(read_records(os.path.join(tp, "metrics.jsonl")),
+                                read_records(py_metrics), 1e-5, "C++ --tp 2 against Python's")
+        w = compare_models(os.path.join(tp, "model.pt"), py_model, 1e-5,
+                           "C++ --tp 2 model.pt against PyTorch's parallelize_module")
+        print(f"OK: --tp 2 against PyTorch's parallelize_module (Gloo): losses within "
+              f"{worst:.2g}, parameters within {w:.2g}")
+    else:
+        print(f"(PyTorch {torch.__version__} has no torch.distributed.tensor.parallel: the "
+              "Python twin's --tp is not run)")
+
+    ddp2 = cpp_run(ddprun, gpt, work, "ddp2", 2, common + ["--save-every", "0"])
+    tp_fsdp = cpp_run(ddprun, gpt, work, "tp_fsdp", 4,
+                      common + ["--tp", "2", "--fsdp", "--save-every", "0"])
+    worst = compare_records(read_records(os.path.join(tp_fsdp, "metrics.jsonl")),
+                            read_records(os.path.join(ddp2, "metrics.jsonl")), 1e-5,
+                            "--tp 2 --fsdp at 4 ranks")
+    w = compare_models(os.path.join(tp_fsdp, "model.pt"), os.path.join(ddp2, "model.pt"),
+                       VARIANT_TOLERANCE, "--tp 2 --fsdp at 4 ranks against DDP at 2")
+    print(f"OK: --tp 2 --fsdp at 4 ranks: losses within {worst:.2g}, parameters within "
+          f"{w:.2g} of DDP at 2 ranks")
 
 
 def check_activation_checkpointing(ddprun, gpt, work):
@@ -438,6 +497,8 @@ def main():
         check_python(args[0], args[1], args[2], args[3], extra)
     elif mode == "variants":
         check_variants(*args)
+    elif mode == "tp":
+        check_tp(*args)
     elif mode == "activation-checkpointing":
         check_activation_checkpointing(*args)
     elif mode == "resume":

@@ -449,10 +449,12 @@ using FullyShardObserver = std::function<void(FullyShardEvent, const std::string
 void set_fully_shard_observer(FullyShardObserver observer);
 
 /// The global norm of the gradients of `parameters` (norm_type: 2, 1, or infinity), with
-/// each sharded gradient counted once across the ranks of its unit's group and every
-/// other gradient once; scales them all by max_norm / (norm + 1e-6) when the norm exceeds
-/// max_norm, as torch.nn.utils.clip_grad_norm_. Collective over the units' group (the
-/// default group when no parameter is sharded). Returns the norm.
+/// each sharded gradient counted once across the ranks of its unit's group, each
+/// tensor-parallel chunk once across its group (ddp::parallelize_module; both for a chunk
+/// that fully_shard shards further), and every other gradient once; scales them all by
+/// max_norm / (norm + 1e-6) when the norm exceeds max_norm, as
+/// torch.nn.utils.clip_grad_norm_. Collective over those groups (none when no parameter is
+/// split). Returns the norm.
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
                            double norm_type = 2.0);
 

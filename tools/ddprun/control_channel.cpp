@@ -13,15 +13,36 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "sysinfo.h"
 
 namespace ddprun {
 
-Connection::Connection(int fd) : last_received(now_seconds()), last_sent(now_seconds()), fd_(fd) {
+namespace {
+
+constexpr size_t kMaxWaiting = 32;  // lines sent before the handshake ended (hello, pings)
+
+}  // namespace
+
+Connection::Connection(int fd, const auth::Bytes* secret, auth::Role role)
+    : opened(now_seconds()),
+      last_received(opened),
+      last_sent(opened),
+      fd_(fd),
+      peer_(peer_endpoint(fd)) {
   int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  if (!secret || secret->empty()) return;
+  try {
+    handshake_.emplace(*secret, role);
+  } catch (const std::exception& e) {  // no random nonce: nothing can be trusted
+    handshake_.emplace(*secret, role, auth::Bytes(auth::kNonceBytes, 0));
+    fail(Failure::Handshake, e.what());
+    return;
+  }
+  write_line(handshake_->hello());
 }
 
 Connection::~Connection() { close(); }
@@ -31,9 +52,29 @@ void Connection::close() {
   fd_ = -1;
 }
 
+void Connection::fail(Failure how, const std::string& why) {
+  failure_ = how;
+  failure_text_ = why;
+  buffer_.clear();
+  waiting_.clear();
+}
+
 bool Connection::send_line(const std::string& line) {
   if (fd_ < 0) return false;
-  std::string msg = line.substr(0, kMaxMessage - 1) + "\n";
+  std::string msg = line.substr(0, kMaxMessage - 1);
+  if (!handshake_) return write_line(msg);
+  if (!channel_) {  // sent, signed, once the peer has proved that it holds the secret
+    if (failure_ != Failure::None) return false;
+    if (waiting_.size() < kMaxWaiting) waiting_.push_back(std::move(msg));
+    return true;
+  }
+  // (Also after a bad line from the peer: what this end signs is still its own.)
+  return write_line(channel_->seal(msg));
+}
+
+bool Connection::write_line(const std::string& line) {
+  if (fd_ < 0) return false;
+  std::string msg = line + "\n";
   const char* p = msg.data();
   size_t left = msg.size();
   double give_up = now_seconds() + 5;
@@ -53,20 +94,60 @@ bool Connection::send_line(const std::string& line) {
   return true;
 }
 
+// One received line: the handshake's, or a message (checked first with a secret).
+bool Connection::take(const std::string& line, std::vector<std::string>& lines) {
+  if (!handshake_) {
+    lines.push_back(line);
+    return true;
+  }
+  std::string text, error;
+  if (!channel_) {
+    const auth::Handshake::Step step = handshake_->take(line, text, error);
+    if (step == auth::Handshake::Step::Failed) {
+      fail(Failure::Handshake, error);
+      return false;
+    }
+    if (!text.empty()) write_line(text);  // this end's proof
+    if (step == auth::Handshake::Step::Done) {
+      channel_ = handshake_->channel();
+      for (const std::string& waiting : waiting_) write_line(channel_->seal(waiting));
+      waiting_.clear();
+    }
+    return true;
+  }
+  if (!channel_->open(line, text, error)) {
+    fail(Failure::Line, error);
+    return false;
+  }
+  lines.push_back(std::move(text));
+  return true;
+}
+
 bool Connection::read_lines(std::vector<std::string>& lines) {
-  if (fd_ < 0) return false;
+  if (fd_ < 0 || failure_ != Failure::None) return false;
   char buf[4096];
   for (;;) {
     ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
     if (n > 0) {
       last_received = now_seconds();
       buffer_.append(buf, static_cast<size_t>(n));
-      size_t nl;
-      while ((nl = buffer_.find('\n')) != std::string::npos) {
-        lines.push_back(buffer_.substr(0, nl));
-        buffer_.erase(0, nl + 1);
+      size_t start = 0, nl;
+      while ((nl = buffer_.find('\n', start)) != std::string::npos) {
+        const std::string line = buffer_.substr(start, nl - start);
+        start = nl + 1;
+        if (!take(line, lines)) return false;
       }
-      if (buffer_.size() > kMaxMessage) return false;  // not a ddprun peer
+      buffer_.erase(0, start);
+      // Not a ddprun peer (or one before its handshake, whose lines are short).
+      const size_t limit = !handshake_ ? kMaxMessage
+                           : channel_  ? kMaxMessage + auth::kSealOverhead
+                                       : auth::kMaxHandshakeLine;
+      if (buffer_.size() > limit) {
+        fail(Failure::TooLong, "it sent more than " + std::to_string(limit) +
+                                   " bytes without a line break" +
+                                   (authenticated() ? "" : " before authenticating"));
+        return false;
+      }
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && errno == EAGAIN) {
@@ -102,6 +183,20 @@ std::string peer_address(int fd) {
   if (addr.ss_family == AF_INET6) where = &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr;
   if (!where || !inet_ntop(addr.ss_family, where, text, sizeof(text))) return "";
   return text;
+}
+
+std::string peer_endpoint(int fd) {
+  const std::string addr = peer_address(fd);
+  if (addr.empty()) return "?";
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  int port = 0;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  }
+  const bool v6 = addr.find(':') != std::string::npos;
+  return (v6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
 }
 
 std::string JobView::address(int node) const {

@@ -32,17 +32,19 @@ class AgentCoordinator : public Coordinator {
   // `rejoin`: this host connects to a new coordinator after the old one was lost.
   AgentCoordinator(Options& o, int fd, double join_deadline, const JobView* rejoin = nullptr)
       : o_(o),
-        conn_(fd),
+        conn_(std::make_unique<Connection>(fd, secret(), auth::Role::Agent)),
         join_deadline_(join_deadline),
+        retry_until_(rejoin ? now_seconds() + kTakeoverWindow : join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
     if (rejoin) {
       view_ = *rejoin;
       started_ = true;
-      conn_.send_line(encode(AgentMessage::rejoining({o.node_rank, view_.attempt, view_.run_id})));
-      return;
+      first_line_ = encode(AgentMessage::rejoining({o.node_rank, view_.attempt, view_.run_id}));
+    } else {
+      first_line_ = encode(AgentMessage::introduce(
+          {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : "", o.min_nodes}));
     }
-    conn_.send_line(encode(AgentMessage::introduce(
-        {o.node_rank, o.nnodes, o.nproc_per_node, o.run_id_given ? o.run_id : "", o.min_nodes})));
+    conn_->send_line(first_line_);
   }
 
   // Node 0 decides on these; the node of each event is the connection's.
@@ -73,23 +75,33 @@ class AgentCoordinator : public Coordinator {
 
   void add_poll_fds(std::vector<pollfd>& fds) override {
     if (next_) return next_->add_poll_fds(fds);
-    polled_ = conn_.is_open();
-    if (polled_) fds.push_back({conn_.fd(), POLLIN, 0});
+    polled_ = conn_->is_open();
+    if (polled_) fds.push_back({conn_->fd(), POLLIN, 0});
   }
 
   void on_poll(const pollfd* fds, size_t count) override {
     if (next_) return forward([&] { next_->on_poll(fds, count); });
     if (!polled_ || count < 1 || !fds[0].revents) return;
     std::vector<std::string> lines;
-    bool open = conn_.read_lines(lines);
+    bool open = conn_->read_lines(lines);
     for (const auto& line : lines) handle(line);
-    if (!open) lost("closed the connection");
+    if (!open && conn_->is_open()) broken();
   }
 
   void tick(double now) override {
     if (next_) return forward([&] { next_->tick(now); });
     if (failing_over_) return find_coordinator(now);
-    if (!conn_.is_open()) return;
+    if (reconnect_at_ > 0) {
+      if (now >= reconnect_at_) reconnect(now);
+      return;
+    }
+    if (!conn_->is_open()) return;
+    if (!conn_->authenticated() && now - conn_->opened > 2 * kHandshakeTimeout) {
+      conn_->close();
+      if (may_retry(now)) return retry_later("did not finish the authentication");
+      return lost("did not finish the authentication within " +
+                  std::to_string(static_cast<int>(2 * kHandshakeTimeout)) + " s");
+    }
     if (!started_ && now > join_deadline_) {
       exit_error(kExitLinkLost, "node 0 at " + where_ +
                                     " did not start the job within --rdzv-timeout " +
@@ -97,18 +109,81 @@ class AgentCoordinator : public Coordinator {
                                     " s; are all " + std::to_string(o_.nnodes) + " hosts started?");
       return;
     }
-    if (now - conn_.last_sent >= kPingInterval) send(encode(AgentMessage::ping()));
-    if (now - conn_.last_received > kPeerTimeout) lost("stopped answering");
+    if (now - conn_->last_sent >= kPingInterval) send(encode(AgentMessage::ping()));
+    if (now - conn_->last_received > kPeerTimeout) lost("stopped answering");
   }
 
   void shutdown(double timeout_s) override {
     if (next_) return next_->shutdown(timeout_s);
-    conn_.close_gracefully(now_seconds() + timeout_s);
+    conn_->close_gracefully(now_seconds() + timeout_s);
   }
 
  private:
+  const auth::Bytes* secret() const { return o_.secret.empty() ? nullptr : &o_.secret; }
+
   void send(const std::string& line) {
-    if (conn_.is_open() && !conn_.send_line(line)) lost("could not be written to");
+    if (conn_->is_open() && !conn_->send_line(line)) lost("could not be written to");
+  }
+
+  // The coordinator closed the connection, or broke the protocol: a failed handshake
+  // ends this host (the hosts' secrets differ); a line that fails its check counts as
+  // losing the coordinator. A connection closed before the handshake ended (the
+  // coordinator turns away connections beyond kMaxUnjoined) is tried again.
+  void broken() {
+    const std::string who = "node " + std::to_string(view_.coordinator);
+    const std::string text = conn_->failure_text();
+    switch (conn_->failure()) {
+      case Connection::Failure::Handshake:
+        std::cerr << "ddprun: refused " << who << " at " << conn_->peer()
+                  << ": authentication failed: " << text << "\n";
+        conn_->close();
+        return exit_error(kExitUsage, who + " at " + where_ +
+                                          " failed the authentication: " + text +
+                                          ". Every host of the job must give the same "
+                                          "--rdzv-secret-file (docs/security.md).");
+      case Connection::Failure::Line:
+      case Connection::Failure::TooLong:
+        std::cerr << "ddprun: refused a line from " << who << " at " << conn_->peer() << ": "
+                  << text << "; closed the connection\n";
+        return lost(conn_->failure() == Connection::Failure::Line
+                        ? "sent a line that failed its authentication check"
+                        : "sent a line longer than the protocol allows");
+      case Connection::Failure::None:
+        break;
+    }
+    const double now = now_seconds();
+    if (may_retry(now)) {
+      conn_->close();
+      return retry_later("closed the connection before the authentication ended");
+    }
+    lost("closed the connection");
+  }
+
+  bool may_retry(double now) const {
+    return secret() && !conn_->authenticated() && !exiting_ && now < retry_until_;
+  }
+
+  void retry_later(const std::string& how) {
+    if (!retry_told_)
+      std::cerr << "ddprun: node " << view_.coordinator << " at " << where_ << " " << how
+                << " (busy with other connections?); trying again\n";
+    retry_told_ = true;
+    reconnect_at_ = now_seconds() + 0.5;
+  }
+
+  void reconnect(double now) {
+    std::string error;
+    const int fd = connect_tcp(o_.master_addr, o_.rdzv_port, 1.0, error);
+    if (fd >= 0) {
+      reconnect_at_ = 0;
+      conn_ = std::make_unique<Connection>(fd, secret(), auth::Role::Agent);
+      conn_->send_line(first_line_);
+      return;
+    }
+    reconnect_at_ = now + 0.5;
+    if (now < retry_until_) return;
+    reconnect_at_ = 0;
+    lost("could not be reached again (" + error + ")");
   }
   void report(const Event& e) { send(encode(AgentMessage::report(e))); }
 
@@ -158,7 +233,7 @@ class AgentCoordinator : public Coordinator {
   }
 
   void lost(const std::string& how) {
-    conn_.close();
+    conn_->close();
     if (exiting_) return;
     const std::string who = "node " + std::to_string(view_.coordinator);
     const std::string cause =
@@ -306,8 +381,12 @@ class AgentCoordinator : public Coordinator {
   }
 
   Options& o_;  // node_rank is set when node 0 hands it out (c10d)
-  Connection conn_;
+  std::unique_ptr<Connection> conn_;
   double join_deadline_;
+  double retry_until_;  // a connection closed before its handshake ended is tried again until then
+  double reconnect_at_ = 0;  // when to try again (0: not waiting to)
+  bool retry_told_ = false;
+  std::string first_line_;  // hello or rejoin: said again on a new connection
   std::string where_;
   bool polled_ = false;
   bool started_ = false;

@@ -78,11 +78,13 @@ class Node0Coordinator : public DecidingCoordinator {
       std::vector<std::string> lines;
       bool open = it->second->read_lines(lines);
       for (size_t l = 0; l < lines.size() && key != 0; ++l) key = handle_line(key, lines[l]);
-      if (!open && key != 0 && conns_.count(key)) lost(key, "closed the connection");
+      if (!open && key != 0 && conns_.count(key)) broken(key);
     }
   }
 
   void tick(double now) override {
+    drop_slow_strangers(now);
+    if (now >= refusals_until_) show_hidden_refusals();
     if (rejoin_deadline_ > 0 && now >= rejoin_deadline_) {
       rejoin_deadline_ = 0;
       const std::set<int> late = awaited_;
@@ -123,19 +125,94 @@ class Node0Coordinator : public DecidingCoordinator {
   }
 
   void shutdown(double timeout_s) override {
+    show_hidden_refusals();
     double deadline = now_seconds() + timeout_s;
     for (auto& [key, conn] : conns_) conn->close_gracefully(deadline);
     conns_.clear();
   }
 
  private:
-  // Connections not yet introduced get negative keys; joined ones use the node.
+  // Connections not yet introduced get negative keys; joined ones use the node. At most
+  // kMaxUnjoined of them at once: more, from a flood of connections, are closed at once
+  // (an honest host whose connection is closed before its handshake tries again).
   void accept_all() {
     for (;;) {
       int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) return;
-      conns_[next_pending_--] = std::make_unique<Connection>(fd);
+      size_t unjoined = 0;
+      for (const auto& [key, conn] : conns_) unjoined += key < 0;
+      if (unjoined >= kMaxUnjoined) {
+        refusal("refused a connection from " + peer_endpoint(fd) + ": " + std::to_string(unjoined) +
+                " connections are already waiting to " +
+                (secret() ? "authenticate" : "say which host they are") + " (at most " +
+                std::to_string(kMaxUnjoined) + ")");
+        ::close(fd);
+        continue;
+      }
+      conns_[next_pending_--] = std::make_unique<Connection>(fd, secret(), auth::Role::Coordinator);
     }
+  }
+
+  const auth::Bytes* secret() const { return o_.secret.empty() ? nullptr : &o_.secret; }
+
+  // A connection that closed, or whose peer broke the protocol (a line too long, a failed
+  // handshake, a line that failed its check): refused and logged with the peer's address.
+  void broken(int key) {
+    const Connection& conn = *conns_.at(key);
+    if (conn.failure() == Connection::Failure::None) return lost(key, "closed the connection");
+    const std::string who = key < 0 ? "a connection from " + conn.peer()
+                                    : "node " + std::to_string(key) + " at " + conn.peer();
+    const bool handshake = conn.failure() == Connection::Failure::Handshake;
+    refusal("refused " + who + ": " + (handshake ? "authentication failed: " : "") +
+            conn.failure_text() + "; closed the connection");
+    if (conn.peer_is_plain())  // a host without the secret: it can read why
+      conns_.at(key)->send_plain(encode(Node0Message::refuse(
+          "node " + std::to_string(self()) +
+          " authenticates the hosts of this job with a shared secret; give this host the "
+          "same --rdzv-secret-file (docs/security.md)")));
+    lost(key, conn.failure() == Connection::Failure::TooLong
+                  ? "sent a line longer than the protocol allows"
+                  : "sent a line that failed its authentication check");
+  }
+
+  // Connections that did not authenticate (or, without a secret, say which host they are)
+  // within kHandshakeTimeout are closed: a stranger cannot hold descriptors for long.
+  void drop_slow_strangers(double now) {
+    std::vector<int> slow;
+    for (const auto& [key, conn] : conns_)
+      if (key < 0 && now - conn->opened > kHandshakeTimeout) slow.push_back(key);
+    for (int key : slow) {
+      refusal("closed a connection from " + conns_[key]->peer() + ": it did not " +
+              (secret() ? "authenticate" : "say which host it is") + " within " +
+              std::to_string(static_cast<int>(kHandshakeTimeout)) + " s");
+      conns_.erase(key);
+    }
+  }
+
+  // A refusal for the log, at most kShownRefusals per kRefusalWindow seconds so that a
+  // flood cannot fill the disk; how many were left out is said when the window ends.
+  void refusal(const std::string& text) {
+    constexpr int kShownRefusals = 20;
+    constexpr double kRefusalWindow = 10;
+    const double now = now_seconds();
+    if (now >= refusals_until_) {
+      show_hidden_refusals();
+      refusals_until_ = now + kRefusalWindow;
+      refusals_shown_ = 0;
+    }
+    if (refusals_shown_ < kShownRefusals) {
+      ++refusals_shown_;
+      std::cerr << "ddprun: " << text << "\n";
+    } else {
+      ++refusals_hidden_;
+    }
+  }
+
+  void show_hidden_refusals() {
+    if (refusals_hidden_ > 0)
+      std::cerr << "ddprun: " << refusals_hidden_
+                << " more refusal(s) of connections not shown (at most 20 are shown per 10 s)\n";
+    refusals_hidden_ = 0;
   }
 
   // Returns the connection's key afterwards (0 once it is dropped).
@@ -143,6 +220,13 @@ class Node0Coordinator : public DecidingCoordinator {
     AgentMessage m = decode_agent_message(line);
     if (m.kind == AgentMessage::Ping) return key;
     if (key < 0 && m.kind == AgentMessage::Rejoining) return rejoin(key, m.rejoin);
+    if (key < 0 && line.rfind("auth-hello ", 0) == 0) {  // Note [Signed lines]: we have no secret
+      AgentMessage none;
+      return hello(key, none,
+                   "this host authenticates with --rdzv-secret-file but node " +
+                       std::to_string(self()) +
+                       " runs without one; give every host the same secret file, or none");
+    }
     if (key < 0) return hello(key, m);
     if (m.kind == AgentMessage::Report) {
       m.event.node = key;
@@ -151,12 +235,13 @@ class Node0Coordinator : public DecidingCoordinator {
     return key;
   }
 
-  int hello(int key, const AgentMessage& m) {
+  int hello(int key, const AgentMessage& m, std::string problem = "") {
     auto conn = std::move(conns_[key]);
     conns_.erase(key);
-    std::string problem;
     const Introduction& h = m.hello;
-    if (m.kind != AgentMessage::Hello) {
+    if (!problem.empty()) {
+      // the caller's
+    } else if (m.kind != AgentMessage::Hello) {
       problem = "expected 'hello <node> <nnodes> <nproc>'";
     } else if (h.nnodes != o_.nnodes ||
                (h.min_nodes > 0 ? h.min_nodes : h.nnodes) != o_.min_nodes) {
@@ -311,6 +396,10 @@ class Node0Coordinator : public DecidingCoordinator {
   std::set<int> awaited_;
   double rejoin_deadline_ = 0;
   int lost_coordinator_ = -1;
+  // refusal(): the log's current window, and what was shown and left out in it.
+  double refusals_until_ = 0;
+  int refusals_shown_ = 0;
+  int refusals_hidden_ = 0;
 };
 
 }  // namespace

@@ -20,6 +20,7 @@ struct RawOptions {
   bool module = false, no_python = false, run_path = false;
   std::string rdzv_port = "0", rdzv_timeout = "300", max_restarts = "0";
   std::string monitor_interval = "0.1", redirect = "0", tee = "0", grace = "5";
+  std::string make_secret;  // only in --help: main() runs `ddprun --make-secret FILE` itself
 };
 
 struct UsageError {
@@ -445,6 +446,16 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
                  "Job id given as TORCHELASTIC_RUN_ID and DDP_RUN_ID (node 0's wins)")
       ->default_str("random")
       ->type_name("ID");
+  app.add_option("--rdzv-secret-file,--rdzv_secret_file", o.secret_file,
+                 "Several hosts: the job secret (64+ hex digits, mode 0600) that every host "
+                 "gives, so that only they can join or steer the job (docs/security.md); "
+                 "default $DDPRUN_SECRET_FILE")
+      ->default_str("none")
+      ->type_name("FILE");
+  app.add_option("--make-secret,--make_secret", raw.make_secret,
+                 "Write a new job secret (32 random bytes as hex, mode 0600) to FILE and exit; "
+                 "never replaces a file. Alone: ddprun --make-secret FILE")
+      ->type_name("FILE");
 
   try {
     size_t split = command_start(app, argc, argv);
@@ -456,6 +467,13 @@ std::optional<Options> parse_options(int argc, char** argv, int& exit_code) {
     app.parse(args);  // CLI11 takes the arguments in reverse order
     o.nproc_spec = raw.nproc;
     o.run_id_given = app.count("--run-id") + app.count("--rdzv-id") > 0;
+    if (app.count("--make-secret") > 0)
+      throw UsageError{"--make-secret FILE goes alone: 'ddprun --make-secret FILE' writes a new "
+                       "secret and exits, and starts no program."};
+    if (o.secret_file.empty()) {
+      const char* file = std::getenv("DDPRUN_SECRET_FILE");
+      if (file) o.secret_file = file;
+    }
     check(o, raw);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();

@@ -39,6 +39,10 @@ struct Options {
   std::vector<std::string> command;
   std::string program_path;  // command[0] as execvp would find it
   std::string command_line;  // ddprun's own command line, quoted as a shell reads it
+  // --rdzv-secret-file (or $DDPRUN_SECRET_FILE): the job secret's file, "" for none; main()
+  // loads it into `secret` (auth.h), which authenticates the control channel.
+  std::string secret_file;
+  std::vector<unsigned char> secret;
 
   bool multi_host() const { return nnodes > 1; }
   // Node ranks are handed out at rendezvous (node_rank is -1 until then on nodes 1..N-1).

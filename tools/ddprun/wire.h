@@ -27,6 +27,8 @@
 // <what> and <text> take the rest of the line. A line that does not read as
 // one of these is Invalid. What an agent reports are the events of the job
 // policy, and what node 0 sends back its decisions (job_policy.h).
+// With --rdzv-secret-file these lines travel signed, after a handshake (Note [Signed
+// lines] in auth.h); the codec here neither knows nor cares.
 #pragma once
 
 #include <string>

@@ -23,6 +23,7 @@
 #include <ddp/fsdp/fully_shard.h>
 #include <ddp/algorithms/join.h>
 #include <ddp/parallel/powersgd.h>
+#include <ddp/parallel/pipelining.h>
 #include <ddp/parallel/tensor_parallel.h>
 #include <ddp/nn/sync_batchnorm.h>
 #include <ddp/parallel/trace.h>

@@ -61,6 +61,47 @@ std::vector<double> sum_over_ranks(const std::vector<double>& values, const torc
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
+// gpt --pp: clip the gradients by the norm of the whole model's, every stage's counted
+// once (the last stage's copy of wte not again).
+void clip_pipeline_grads(gpt::GptStageImpl& stage, double max_norm, ddp::ProcessGroup& pp) {
+  std::vector<at::Tensor> grads;
+  double squares = 0;
+  for (const auto& item : stage.named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    const bool copy = stage.last && !stage.first && item.key() == "wte.weight";
+    if (!copy) squares += g.to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  auto total = torch::tensor({squares}, torch::kDouble);
+  pp.all_reduce(total, ddp::ReduceOp::SUM);
+  const double coef = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
+  if (coef < 1) {
+    torch::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(coef);
+  }
+}
+
+// gpt --pp: the whole model's state dict on rank 0, from the first pipeline's stages
+// (each writes its part, rank 0 reads them back in).
+c10::Dict<std::string, at::Tensor> gather_stages(gpt::GptStageImpl& stage, int stage_index,
+                                                 int dp_rank, const fs::path& out_dir) {
+  const fs::path part = out_dir / (".stage-" + std::to_string(stage_index) + ".pt");
+  if (dp_rank == 0) ddp::save_model_state_dict(stage, part.string());
+  ddp::barrier();
+  c10::Dict<std::string, at::Tensor> state;
+  if (ddp::get_rank() == 0) {
+    for (int s = 0;; ++s) {
+      const fs::path p = out_dir / (".stage-" + std::to_string(s) + ".pt");
+      if (!fs::exists(p)) break;
+      for (const auto& kv : ddp::read_state_dict(p.string())) state.insert(kv.key(), kv.value());
+    }
+  }
+  ddp::barrier();
+  if (dp_rank == 0) fs::remove(part);
+  return state;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,7 +117,8 @@ int main(int argc, char** argv) {
   int64_t max_epochs = 20, max_steps = 0, batch_size = 32, grad_accum = 1, save_every = 100,
           log_every = 10, seed = 42, sample_length = 300;
   double learning_rate = 1e-3, weight_decay = 0.1, grad_norm_clip = 1.0;
-  int threads = 0, timeout_s = 1800, tp = 1;
+  int threads = 0, timeout_s = 1800, tp = 1, pp = 1, microbatches = 0;
+  std::string schedule_name = "1f1b";
   std::string backend, run_dir = "runs", name = "gpt", prompt, save_init, checkpoint_format;
   bool resume = false, amp = false, zero = false, fsdp = false, activation_checkpointing = false,
        no_save = false;
@@ -177,11 +219,34 @@ int main(int argc, char** argv) {
                  "or shard with --fsdp (a (dp, tp) mesh). N divides the ranks and --n-head")
       ->capture_default_str()
       ->check(examples::kPositive);
+  app.add_option("--pp", pp,
+                 "Pipeline parallelism over N ranks: each rank runs 1/N of the blocks (the "
+                 "first also the embeddings, the last the output layer); the other ranks "
+                 "replicate the pipeline (a (dp, pp) mesh). N divides the ranks")
+      ->capture_default_str()
+      ->check(examples::kPositive);
+  app.add_option("--microbatches", microbatches,
+                 "With --pp: microbatches per step (0: as many as stages)")
+      ->capture_default_str()
+      ->check(examples::kNonNegative);
+  app.add_option("--schedule", schedule_name, "With --pp: the pipeline schedule")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
   app.add_flag("--activation-checkpointing", activation_checkpointing,
                "Keep no activations inside the blocks; backward recomputes them (each block "
                "in ddp::checkpoint_wrapper, inside its fully_shard unit with --fsdp). Same "
                "losses, less memory, about a third more compute");
   CLI11_PARSE(app, argc, argv);
+  if (pp > 1 &&
+      (tp > 1 || fsdp || zero || amp || activation_checkpointing || grad_accum > 1 || resume)) {
+    std::fprintf(stderr,
+                 "gpt: --pp %d goes with plain DDP-style replicas only for now; drop --tp, "
+                 "--fsdp, --zero, --amp, --activation-checkpointing, --grad-accum and --resume "
+                 "(--microbatches accumulates within a step).\n",
+                 pp);
+    return 2;
+  }
+  if (microbatches == 0) microbatches = pp;
   if (tp > 1 && (zero || activation_checkpointing)) {
     std::fprintf(stderr,
                  "gpt: --tp %d with %s is not supported yet. Use --tp with DDP or "
@@ -217,10 +282,10 @@ int main(int argc, char** argv) {
     const torch::Device device = ddp::get_device();
     // --tp: a (dp, tp) mesh; the ranks of a "tp" row hold one replica between them and
     // see the same batches, the "dp" ranks different ones.
-    if (world_size % tp != 0) {
+    if (world_size % (tp * pp) != 0) {
       if (rank == 0) {
-        std::fprintf(stderr, "gpt: --tp %d must divide the number of ranks (%d).\n", tp,
-                     world_size);
+        std::fprintf(stderr, "gpt: --%s %d must divide the number of ranks (%d).\n",
+                     pp > 1 ? "pp" : "tp", pp > 1 ? pp : tp, world_size);
       }
       return 2;
     }
@@ -233,6 +298,20 @@ int main(int argc, char** argv) {
       dp_group = mesh->get_group("dp");
       dp_rank = static_cast<int>(mesh->get_local_rank("dp"));
       dp_size = world_size / tp;
+    }
+    // --pp: a (dp, pp) mesh; each "pp" row is one pipeline, stage = its index there.
+    int stage_index = 0;
+    std::shared_ptr<ddp::ProcessGroup> tie_group;  // the first and last stage: wte's copies
+    if (pp > 1) {
+      mesh = ddp::init_device_mesh("cpu", {world_size / pp, pp}, {"dp", "pp"});
+      dp_group = mesh->get_group("dp");
+      dp_rank = static_cast<int>(mesh->get_local_rank("dp"));
+      dp_size = world_size / pp;
+      stage_index = static_cast<int>(mesh->get_local_rank("pp"));
+      for (int row = 0; row < dp_size; ++row) {  // every rank makes every group, in order
+        auto g = ddp::new_group({row * pp, row * pp + pp - 1});
+        if (row == dp_rank) tie_group = g;
+      }
     }
 
     // The data: every rank reads the file; the sampler decides who trains on what.
@@ -262,6 +341,33 @@ int main(int argc, char** argv) {
     }
     const bool split = fsdp || tp > 1;  // a parameter's whole value needs a gather
 
+    // --pp: this rank's stage of the pipeline (gpt::GptStage), run by a schedule.
+    gpt::GptStage stage_module{nullptr};
+    std::unique_ptr<ddp::PipelineStage> pipeline_stage;
+    std::unique_ptr<ddp::PipelineSchedule> schedule, eval_schedule;
+    double batch_tokens = 1;  // the step's target tokens, for the loss's scale
+    if (pp > 1) {
+      stage_module = gpt::GptStage(*model, stage_index, pp);
+      pipeline_stage = std::make_unique<ddp::PipelineStage>(stage_module, stage_index, pp,
+                                                            mesh->get_group("pp"));
+      if (dp_size > 1) pipeline_stage->replicate_over(dp_group);
+      // Each microbatch's loss is its tokens' summed cross-entropy over the step's tokens,
+      // times the microbatches (which the schedule divides by): the gradient of the
+      // batch's mean, whatever the microbatches' sizes.
+      auto loss = [&](const at::Tensor& logits, const at::Tensor& y) {
+        return torch::nn::functional::cross_entropy(
+                   logits.to(torch::kFloat).view({-1, config.vocab_size}), y.reshape({-1}),
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) *
+               (static_cast<double>(microbatches) / batch_tokens);
+      };
+      if (schedule_name == "gpipe") {
+        schedule = std::make_unique<ddp::ScheduleGPipe>(*pipeline_stage, microbatches, loss);
+      } else {
+        schedule = std::make_unique<ddp::Schedule1F1B>(*pipeline_stage, microbatches, loss);
+      }
+      eval_schedule = std::make_unique<ddp::ScheduleGPipe>(*pipeline_stage, 1);
+    }
+
     // Step 5: replicate with DDP (which broadcasts rank 0's weights), or shard: each block
     // a unit, then the root (each rank keeps its rows of every weight). With --tp, over
     // the "dp" ranks.
@@ -280,7 +386,7 @@ int main(int argc, char** argv) {
         }
       }
       sharded = ddp::fully_shard(model.ptr(), shard_options);
-    } else {
+    } else if (pp == 1) {
       auto options = ddp::DistributedDataParallelOptions().process_group(dp_group);
       if (device.is_cuda()) options.device_ids({device.index()});
       dmodel = ddp::DistributedDataParallel(model, options);
@@ -298,7 +404,8 @@ int main(int argc, char** argv) {
     // AdamW over two groups, as minGPT: weight decay on the Linear layers' weights, none on
     // biases, LayerNorms and embeddings. (Sharded, the model's parameters are the shards.)
     std::vector<at::Tensor> decay, no_decay;
-    for (const auto& item : model->named_parameters())
+    const auto trained = pp > 1 ? stage_module->named_parameters() : model->named_parameters();
+    for (const auto& item : trained)
       (gpt::GptImpl::decays(item.key(), item.value()) ? decay : no_decay).push_back(item.value());
     auto adamw = torch::optim::AdamWOptions(learning_rate).betas({0.9, 0.95});
     std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -375,6 +482,9 @@ int main(int argc, char** argv) {
                        : zero ? "DDP + ZeRO"
                               : "DDP") +
            (tp > 1 ? " x tensor parallel " + std::to_string(tp) : std::string()) +
+           (pp > 1 ? " x pipeline " + std::to_string(pp) + " (" + schedule_name + ", " +
+                         std::to_string(microbatches) + " microbatches)"
+                   : std::string()) +
            (activation_checkpointing ? ", activation checkpointing" : ""))
               .c_str(),
           static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
@@ -407,7 +517,12 @@ int main(int argc, char** argv) {
         auto [x, y] = corpus.validation.range(begin, end);
         x = x.to(device), y = y.to(device);
         torch::Tensor logits;
-        {
+        if (pp > 1) {  // the pipeline, forward only; the last stage has the logits
+          stage_module->eval();
+          logits = eval_schedule->step(pipeline_stage->is_first() ? x : at::Tensor());
+          stage_module->train();
+          if (!pipeline_stage->is_last()) continue;
+        } else {
           ddp::amp::AutocastGuard guard(device.type(), autocast);
           logits = fsdp ? sharded(x) : model->forward(x);  // unwrapped: no gradient sync
         }
@@ -458,7 +573,10 @@ int main(int argc, char** argv) {
       interval_start = Clock::now();
     };
     auto save = [&](int64_t epoch) {
-      if (!no_save) ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch).step(step));
+      // (--pp: a pipeline's checkpoints are not written yet; model.pt is, at the end.)
+      if (!no_save && pp == 1) {
+        ddp::save_checkpoint(checkpoints, checkpoint.epoch(epoch).step(step));
+      }
     };
 
     model->train();
@@ -476,6 +594,25 @@ int main(int argc, char** argv) {
         if (micro.empty()) {
           epoch_done = true;
           break;
+        }
+        if (pp > 1) {  // one step of the pipeline over the step's windows
+          auto [x, y] = corpus.train.batch(micro[0]);
+          batch_tokens = static_cast<double>(y.numel());
+          std::vector<at::Tensor> losses;
+          schedule->step(pipeline_stage->is_first() ? x : at::Tensor(),
+                         pipeline_stage->is_last() ? y : at::Tensor(), &losses);
+          if (pipeline_stage->is_last()) {
+            for (const at::Tensor& l : losses) loss_sum += l.item<double>() / microbatches;
+            loss_count += 1;
+          }
+          tokens += static_cast<double>(y.numel()) / pp;
+          // wte's two copies (the embedding's and the output layer's): one gradient, the
+          // sum of both uses, as the tied weight of one process has.
+          if (pipeline_stage->is_first() || pipeline_stage->is_last()) {
+            ddp::all_reduce(stage_module->wte->weight.mutable_grad(), ddp::ReduceOp::SUM,
+                            tie_group);
+          }
+          micro.clear();
         }
         for (size_t k = 0; k < micro.size(); ++k) {
           // Step 6: the last micro-batch's backward averages the accumulated gradients
@@ -507,7 +644,9 @@ int main(int argc, char** argv) {
           tokens += static_cast<double>(y.numel()) / tp;  // a tp row's ranks share them
         }
         if (scaling) scaler.unscale_(*optimizer);
-        if (grad_norm_clip > 0) {
+        if (grad_norm_clip > 0 && pp > 1) {
+          clip_pipeline_grads(*stage_module, grad_norm_clip, *mesh->get_group("pp"));
+        } else if (grad_norm_clip > 0) {
           if (split)
             ddp::clip_grad_norm_(model->parameters(), grad_norm_clip);
           else
@@ -544,7 +683,8 @@ int main(int argc, char** argv) {
       ddp::destroy_process_group();
       return 0;
     }
-    const auto state = split ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
+    auto state = split ? ddp::full_state_dict(*model) : ddp::model_state_dict(*model);
+    if (pp > 1) state = gather_stages(*stage_module, stage_index, dp_rank, out_dir);
     if (rank == 0) {
       const fs::path model_path = out_dir / "model.pt", plot_path = out_dir / "loss.svg";
       ddp::save_state_dict(state, model_path.string());

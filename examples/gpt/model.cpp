@@ -108,6 +108,28 @@ at::Tensor GptImpl::forward(const at::Tensor& idx) {
   return torch::nn::functional::linear(x, wte->weight);
 }
 
+GptStageImpl::GptStageImpl(const GptImpl& model, int stage, int stages)
+    : config(model.config), first(stage == 0), last(stage == stages - 1) {
+  if (first || last) wte = register_module("wte", model.wte);
+  if (first) wpe = register_module("wpe", model.wpe);
+  blocks = register_module("blocks", ddp::pipeline_slice(model.blocks, stage, stages));
+  if (last) ln_f = register_module("ln_f", model.ln_f);
+}
+
+at::Tensor GptStageImpl::forward(const at::Tensor& input) {
+  at::Tensor x = input;
+  if (first) {
+    const int64_t t = x.size(1);
+    TORCH_CHECK(t <= config.block_size, "GPT: a sequence of ", t,
+                " tokens is longer than the block size ", config.block_size);
+    const at::Tensor pos = at::arange(t, x.options().dtype(at::kLong));
+    x = at::dropout(wte(x) + wpe(pos), config.dropout, is_training());
+  }
+  x = blocks->forward(x);
+  if (!last) return x;
+  return torch::nn::functional::linear(ln_f(x), wte->weight);
+}
+
 bool GptImpl::decays(const std::string& name, const at::Tensor& parameter) {
   return parameter.dim() == 2 && name.rfind("wte.", 0) != 0 && name.rfind("wpe.", 0) != 0;
 }

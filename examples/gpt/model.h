@@ -31,6 +31,7 @@
 // n_head / N heads (counted from q's output width). The embeddings, the LayerNorms and
 // the tied output layer stay whole on every rank.
 
+#include <ddp/parallel/pipelining.h>
 #include <ddp/parallel/tensor_parallel.h>
 
 #include <ATen/core/Tensor.h>
@@ -103,6 +104,25 @@ struct GptImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 };
 TORCH_MODULE(Gpt);
+
+/// The part of `model` that pipeline stage `stage` of `stages` runs (gpt --pp): the first
+/// stage the embeddings, every stage its share of the blocks (pipeline_slice's split),
+/// the last stage ln_f and the output layer, which is tied to wte: the last stage holds
+/// wte too (its own copy, on another rank), and gpt --pp sums the two copies' gradients.
+/// The modules are `model`'s own, registered under the same names, so the stage's
+/// state-dict keys are the model's. forward: token ids (first stage) or activations
+/// [B, T, C] in; activations or logits out.
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const GptImpl& model, int stage, int stages);
+  at::Tensor forward(const at::Tensor& x);
+
+  GptConfig config;
+  bool first, last;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Sequential blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(GptStage);
 
 /// Samples `length` characters after `prompt` (token ids, non-empty) from `model` on
 /// `device`: softmax of the last position's logits at temperature 1, the context cut

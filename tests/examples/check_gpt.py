@@ -21,6 +21,11 @@
       --tp 2 --fsdp at 4 ranks (a 2 x 2 mesh) equals DDP at 2 ranks. The --tp run's last
       checkpoint is a DCP folder that PyTorch's dcp_to_torch_save reads as model.pt.
 
+  check_gpt.py pp DDPRUN GPT WORKDIR
+      Pipeline parallelism, 20 steps: --pp 2 (1F1B, 2 microbatches) and --pp 2
+      --microbatches 4 --schedule gpipe at 2 ranks equal the 1-rank run (losses within
+      1e-5 relative), and --pp 2 at 4 ranks (two pipelines) equals DDP at 2 ranks.
+
   check_gpt.py activation-checkpointing DDPRUN GPT WORKDIR
       2 ranks with dropout, 8 steps: --activation-checkpointing gives the losses and the
       final parameters of the same run without it, bit for bit (the recompute replays
@@ -285,6 +290,30 @@ def check_tp(ddprun, gpt, gpt_py, work):
           f"{w:.2g} of DDP at 2 ranks")
 
 
+def check_pp(ddprun, gpt, work):
+    fresh(work)
+    common = ["--max-steps", "20", "--log-every", "1", "--dropout", "0", "--save-every", "0"]
+    one = cpp_run(ddprun, gpt, work, "one", 1, common)
+    for name, extra in (("pp_1f1b", ["--pp", "2"]),
+                        ("pp_gpipe", ["--pp", "2", "--microbatches", "4", "--schedule",
+                                      "gpipe"])):
+        d = cpp_run(ddprun, gpt, work, name, 2, common + extra)
+        worst = compare_records(read_records(os.path.join(d, "metrics.jsonl")),
+                                read_records(os.path.join(one, "metrics.jsonl")), 1e-5, name)
+        w = compare_models(os.path.join(d, "model.pt"), os.path.join(one, "model.pt"),
+                           VARIANT_TOLERANCE, name)
+        print(f"OK: {' '.join(extra)} at 2 ranks: losses within {worst:.2g}, parameters "
+              f"within {w:.2g} of 1 rank's")
+    ddp2 = cpp_run(ddprun, gpt, work, "ddp2", 2, common)
+    d = cpp_run(ddprun, gpt, work, "pp_dp", 4, common + ["--pp", "2"])
+    worst = compare_records(read_records(os.path.join(d, "metrics.jsonl")),
+                            read_records(os.path.join(ddp2, "metrics.jsonl")), 1e-5, "pp_dp")
+    w = compare_models(os.path.join(d, "model.pt"), os.path.join(ddp2, "model.pt"),
+                       VARIANT_TOLERANCE, "--pp 2 at 4 ranks against DDP at 2")
+    print(f"OK: --pp 2 at 4 ranks (two pipelines): losses within {worst:.2g}, parameters "
+          f"within {w:.2g} of DDP at 2 ranks")
+
+
 def check_activation_checkpointing(ddprun, gpt, work):
     fresh(work)
     common = ["--max-steps", "8", "--log-every", "1", "--save-every", "0"]  # dropout 0.1
@@ -499,6 +528,8 @@ def main():
         check_variants(*args)
     elif mode == "tp":
         check_tp(*args)
+    elif mode == "pp":
+        check_pp(*args)
     elif mode == "activation-checkpointing":
         check_activation_checkpointing(*args)
     elif mode == "resume":

@@ -21,6 +21,17 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+// An integer field; a float ("step": 1e30) or a number past int64 is refused, not cast.
+int64_t int_field(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() &&
+       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    throw std::runtime_error(std::string("'") + key + "' should be an integer, but is " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
 }  // namespace
 
 std::vector<StepMetrics> read_metrics(const std::string& path) {
@@ -28,15 +39,15 @@ std::vector<StepMetrics> read_metrics(const std::string& path) {
   examples::read_json_lines(path, "step, epoch, tokens_per_s, seconds and world_size",
                             [&](const nlohmann::json& j) {
                               StepMetrics m;
-                              m.step = j.at("step").get<int64_t>();
-                              m.epoch = j.at("epoch").get<int64_t>();
+                              m.step = int_field(j, "step");
+                              m.epoch = int_field(j, "epoch");
                               if (j.contains("train_loss"))
                                 m.train_loss = j.at("train_loss").get<double>();
                               if (j.contains("val_loss"))
                                 m.val_loss = j.at("val_loss").get<double>();
                               m.tokens_per_s = j.at("tokens_per_s").get<double>();
                               m.seconds = j.at("seconds").get<double>();
-                              m.world_size = j.at("world_size").get<int64_t>();
+                              m.world_size = int_field(j, "world_size");
                               out.push_back(m);
                             });
   return out;
@@ -62,10 +73,11 @@ void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& met
   double xmax = 1, ylo = 1e300, yhi = -1e300;
   for (const auto& m : metrics) {
     xmax = std::max(xmax, double(m.step));
-    if (m.train_loss) ylo = std::min(ylo, *m.train_loss), yhi = std::max(yhi, *m.train_loss);
-    if (m.val_loss) ylo = std::min(ylo, *m.val_loss), yhi = std::max(yhi, *m.val_loss);
+    for (const auto& loss : {m.train_loss, m.val_loss}) {
+      if (loss && std::isfinite(*loss)) ylo = std::min(ylo, *loss), yhi = std::max(yhi, *loss);
+    }
   }
-  if (metrics.empty()) ylo = 0, yhi = 1;
+  if (!(yhi >= ylo)) ylo = 0, yhi = 1;  // no loss to draw
   if (!(yhi > ylo)) ylo -= 0.5, yhi += 0.5;
   const double ystep = examples::nice_step(yhi - ylo, 6), xstep = examples::nice_step(xmax, 8);
   ylo = std::floor(ylo / ystep) * ystep;
@@ -84,12 +96,17 @@ void write_loss_svg(const std::string& path, const std::vector<StepMetrics>& met
   for (char c : title)
     s << (c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c));
   s << "</text>\n";
-  for (double y = ylo; y <= yhi + ystep / 2; y += ystep) {
+  // Grid lines by count: near 1e16 adding a step to y would not change it.
+  const int ylines = static_cast<int>(std::min(100.0, std::round((yhi - ylo) / ystep)));
+  for (int i = 0; i <= ylines; ++i) {
+    const double y = ylo + i * ystep;
     s << "<line x1=\"" << kL << "\" x2=\"" << kR << "\" y1=\"" << Y(y) << "\" y2=\"" << Y(y)
       << "\" stroke=\"#ddd\"/><text x=\"" << kL - 8 << "\" y=\"" << Y(y) + 4
       << "\" text-anchor=\"end\">" << fmt(yfmt.c_str(), y) << "</text>\n";
   }
-  for (double x = 0; x <= xhi + xstep / 2; x += xstep) {
+  const int xlines = static_cast<int>(std::min(100.0, std::round(xhi / xstep)));
+  for (int i = 0; i <= xlines; ++i) {
+    const double x = i * xstep;
     s << "<text x=\"" << X(x) << "\" y=\"" << kB + 18 << "\" text-anchor=\"middle\">"
       << fmt("%.0f", x) << "</text>\n";
   }

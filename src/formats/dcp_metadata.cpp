@@ -25,6 +25,7 @@
 #include "formats/py_pickle.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -245,6 +246,20 @@ std::string write_metadata(const Metadata& meta) {
 
 Metadata read_metadata(std::string_view bytes, const std::string& where) {
   const py::ValuePtr root = py::read(bytes, allowed, where);
+  // Note [Work bounded by the file]: a pickle may refer to one tuple or object many times
+  // through its memo, so a few bytes can stand for many chunks. Expanding them costs work
+  // and memory in proportion; the total is bounded by the file's size (a real file spells
+  // each chunk out in more bytes than it costs here).
+  int64_t budget = 4 * static_cast<int64_t>(bytes.size()) + 65536;
+  auto spend = [&](int64_t units) {
+    budget -= units;
+    if (budget < 0) {
+      fail(where, "the metadata describes more chunks and storage than its " +
+                      std::to_string(bytes.size()) +
+                      " bytes can hold without sharing them (a pickle that refers to the same "
+                      "entries again and again): damaged or hostile; refusing it");
+    }
+  };
   if (!is_object_of(*root, kMeta, "Metadata")) {
     fail(where, "the pickle holds " + py::describe(*root) +
                     ", not torch.distributed.checkpoint.metadata.Metadata");
@@ -298,6 +313,7 @@ Metadata read_metadata(std::string_view bytes, const std::string& where) {
           fail(where, what + ": a chunk is " + (c ? py::describe(*c) : std::string("missing")) +
                           ", not a ChunkStorageMetadata");
         }
+        spend(1 + 2 * static_cast<int64_t>(e.size.size()));
         const py::Value& cf = state_dict_of(*c, what + "'s chunk", where);
         Chunk chunk{as_size(py::find(cf, "offsets"), what + "'s chunk offsets", where),
                     as_size(py::find(cf, "sizes"), what + "'s chunk sizes", where)};
@@ -350,6 +366,7 @@ Metadata read_metadata(std::string_view bytes, const std::string& where) {
     fail(where, "Metadata.storage_data should be a dict, but it is " +
                     (storage ? py::describe(*storage) : std::string("missing")));
   }
+  std::map<std::string, std::map<std::vector<int64_t>, std::vector<size_t>>> chunk_index;
   for (const auto& [k, v] : storage->dict) {
     if (!k || !is_object_of(*k, kMeta, "MetadataIndex")) {
       fail(where, "a key of storage_data is " + (k ? py::describe(*k) : std::string("missing")) +
@@ -377,6 +394,7 @@ Metadata read_metadata(std::string_view bytes, const std::string& where) {
     Storage s{as_str(py::find(vf, "relative_path"), "_StorageInfo.relative_path", where),
               as_int(py::find(vf, "offset"), "_StorageInfo.offset", where),
               as_int(py::find(vf, "length"), "_StorageInfo.length", where)};
+    spend(1 + static_cast<int64_t>(fqn.size() + s.relative_path.size()));
     if (s.offset < 0 || s.length < 0) {
       fail(where, "key '" + fqn + "' has a negative offset or length in its storage");
     }
@@ -389,9 +407,20 @@ Metadata read_metadata(std::string_view bytes, const std::string& where) {
       fail(where, "the storage of tensor key '" + fqn + "' gives no chunk offset");
     }
     const std::vector<int64_t> offsets = as_size(off, "MetadataIndex.offset", where);
+    spend(1 + static_cast<int64_t>(offsets.size()));
+    // The chunks of each key by their offsets, made once (not a scan per storage entry).
+    auto& index = chunk_index[fqn];
+    if (index.empty()) {
+      for (size_t i = 0; i < e.chunks.size(); ++i) index[e.chunks[i].offsets].push_back(i);
+    }
     size_t found = e.chunks.size();
-    for (size_t i = 0; i < e.chunks.size() && found == e.chunks.size(); ++i) {
-      if (e.chunks[i].offsets == offsets && e.chunk_storage[i].offset < 0) found = i;
+    if (const auto at = index.find(offsets); at != index.end()) {
+      for (size_t i : at->second) {
+        if (e.chunk_storage[i].offset < 0) {
+          found = i;
+          break;
+        }
+      }
     }
     if (found == e.chunks.size()) {
       fail(where, "storage_data names a chunk of key '" + fqn + "' at offsets its metadata lacks");

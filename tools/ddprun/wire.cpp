@@ -125,6 +125,8 @@ AgentMessage decode_agent_message(const std::string& line) {
   int attempt = 0, code = 0;
   if (w[0] == "hello" && w.size() == 4) {
     const auto hw = split_words(line, 6);  // the run id is one word; more is not a hello
+    // (The first split's last word may be only spaces, which this one drops.)
+    if (hw.size() < 4) return m;
     if (hw.size() == 5) h.run_id = hw[4];
     const size_t colon = hw[2].find(':');
     const bool nnodes_ok = colon == std::string::npos
@@ -148,7 +150,7 @@ AgentMessage decode_agent_message(const std::string& line) {
     if (read_int(w[1], attempt)) m = AgentMessage::report(Event::workers_stopped(-1, attempt));
   } else if (w[0] == "abort" && w.size() >= 2) {
     const auto a = split_words(line, 3);  // <what> starts one word earlier here
-    if (read_int(a[1], code))
+    if (a.size() >= 2 && read_int(a[1], code))
       m = AgentMessage::report(Event::aborted(-1, code, text_at(a, 2, "stopped")));
   }
   return m;
@@ -202,6 +204,7 @@ Node0Message decode_node0_message(const std::string& line) {
   Decision d;
   if (w[0] == "go" && w.size() == 4) {
     const auto g = split_words(line, 6);  // the members list is one word; more is not a go
+    if (g.size() < 4) return m;           // (a last word of spaces only, dropped here)
     d.kind = Decision::Start;
     d.run_id = g[3];
     bool ok = g.size() <= 5 && read_int(g[1], d.attempt) && read_int(g[2], d.restarts);
@@ -236,6 +239,7 @@ Node0Message decode_node0_message(const std::string& line) {
     if (read_int(w[1], node)) m = Node0Message::welcome(node);
   } else if (w[0] == "restart" && w.size() >= 4) {
     const auto r = split_words(line, 5);  // <why> starts one word later here
+    if (r.size() < 4) return m;           // (a last word of spaces only, dropped here)
     d.kind = Decision::Restart;
     d.why = text_at(r, 4, "");
     if (read_int(r[1], d.attempt) && read_int(r[2], d.node) && read_int(r[3], d.restarts))

@@ -1,0 +1,42 @@
+// What the fuzz targets share: a check that stays on in release builds (assert() is off
+// under NDEBUG, which the project's RelWithDebInfo build defines), so that a broken
+// property is a crash both under libFuzzer and in the corpus replay (fuzz/replay_main.cpp).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#define FUZZ_CHECK(cond, what)                                                           \
+  do {                                                                                   \
+    if (!(cond)) ::ddp_fuzz::check_failed(#cond, std::string(what), __FILE__, __LINE__); \
+  } while (0)
+
+namespace ddp_fuzz {
+
+[[noreturn]] inline void check_failed(const char* cond, const std::string& what, const char* file,
+                                      int line) {
+  std::fprintf(stderr, "fuzz check failed at %s:%d: %s\n  %s\n", file, line, cond, what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// `s` for a message: printable ASCII as is, other bytes as \xNN, cut after `max` bytes.
+inline std::string escaped(const std::string& s, size_t max = 200) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (size_t k = 0; k < s.size() && k < max; ++k) {
+    const unsigned char c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+}  // namespace ddp_fuzz

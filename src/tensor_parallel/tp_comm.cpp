@@ -138,60 +138,43 @@ struct ReduceFrom : torch::autograd::Function<ReduceFrom> {
   }
 };
 
-struct GatherFrom : torch::autograd::Function<GatherFrom> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim,
-                            std::vector<int64_t> sizes, std::shared_ptr<ProcessGroup> group) {
-    at::Tensor out = gather(x, dim, sizes, *group);
-    keep(ctx, std::move(group), dim, std::move(sizes));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    const CommCapsule& c = kept(ctx);
-    return {slice(g[0], c.dim, c.sizes, c.group->rank()), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
+// What a slice-moving function does, forward or backward, along a dimension.
+enum class Move { kGather, kSlice, kReduceScatter };
 
-struct SplitTo : torch::autograd::Function<SplitTo> {
+at::Tensor apply_move(Move move, const at::Tensor& x, int64_t dim,
+                      const std::vector<int64_t>& sizes, ProcessGroup& group) {
+  switch (move) {
+    case Move::kGather:
+      return gather(x.contiguous(), dim, sizes, group);
+    case Move::kSlice:
+      return slice(x, dim, sizes, group.rank());
+    case Move::kReduceScatter:
+      return reduce_scatter(x.contiguous(), dim, sizes, group);
+  }
+  return x;
+}
+
+// Forward moves the tensor one way along `dim`, backward moves its gradient the other:
+// gather / slice, slice / gather, reduce-scatter / gather, gather / reduce-scatter.
+template <Move Forward, Move Backward>
+struct MoveAlong : torch::autograd::Function<MoveAlong<Forward, Backward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim,
                             std::vector<int64_t> sizes, std::shared_ptr<ProcessGroup> group) {
-    at::Tensor out = slice(x, dim, sizes, group->rank());
+    at::Tensor out = apply_move(Forward, x, dim, sizes, *group);
     keep(ctx, std::move(group), dim, std::move(sizes));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const CommCapsule& c = kept(ctx);
-    return {gather(g[0].contiguous(), c.dim, c.sizes, *c.group), at::Tensor(), at::Tensor(),
+    return {apply_move(Backward, g[0], c.dim, c.sizes, *c.group), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };
 
-struct ReduceScatterTo : torch::autograd::Function<ReduceScatterTo> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim,
-                            std::vector<int64_t> sizes, std::shared_ptr<ProcessGroup> group) {
-    at::Tensor out = reduce_scatter(x, dim, sizes, *group);
-    keep(ctx, std::move(group), dim, std::move(sizes));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    const CommCapsule& c = kept(ctx);
-    return {gather(g[0].contiguous(), c.dim, c.sizes, *c.group), at::Tensor(), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-struct AllGatherTo : torch::autograd::Function<AllGatherTo> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim,
-                            std::vector<int64_t> sizes, std::shared_ptr<ProcessGroup> group) {
-    at::Tensor out = gather(x, dim, sizes, *group);
-    keep(ctx, std::move(group), dim, std::move(sizes));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    const CommCapsule& c = kept(ctx);
-    return {reduce_scatter(g[0].contiguous(), c.dim, c.sizes, *c.group), at::Tensor(), at::Tensor(),
-            at::Tensor()};
-  }
-};
+using GatherFrom = MoveAlong<Move::kGather, Move::kSlice>;
+using SplitTo = MoveAlong<Move::kSlice, Move::kGather>;
+using ReduceScatterTo = MoveAlong<Move::kReduceScatter, Move::kGather>;
+using AllGatherTo = MoveAlong<Move::kGather, Move::kReduceScatter>;
 
 }  // namespace
 

@@ -316,3 +316,62 @@ TEST(Pipeline, ReplicatedOverDataParallelRanks) {
 }
 
 }  // namespace pipeline_test
+
+namespace pipeline_test {
+
+// Against PyTorch's own torch.distributed.pipelining (ScheduleGPipe and Schedule1F1B,
+// Gloo on CPUs) on the same model, weights and batch: each stage's gradients and the
+// microbatches' losses (tests/parallel/python/pipeline_peer.py).
+TEST(PipelinePython, EqualsTorchPipelining) {
+  // Even microbatches: PyTorch's stages size their receive buffers from the first
+  // microbatch, so a smaller last one fails there (ddp-cpp sends each shape).
+  constexpr int kStages = 2, kMicro = 4, kBatch = 8;
+  ddp_test::TempDir dir;
+  auto init_model = make_model();
+  std::vector<at::Tensor> flat;
+  for (const auto& p : init_model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  ddp_test::write_bytes(dir.file("init.bin"), at::cat(flat));
+  const at::Tensor x = data({kBatch, 6}, 30), y = data({kBatch, 3}, 31);
+  ddp_test::write_bytes(dir.file("x.bin"), x);
+  ddp_test::write_bytes(dir.file("y.bin"), y);
+  std::string output;
+  const int rc =
+      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                "/tests/parallel/python/pipeline_peer.py " + dir.path() + " " +
+                                std::to_string(kStages) + " " + std::to_string(kMicro) + " " +
+                                std::to_string(kBatch) + " 2>&1",
+                            &output);
+  if (rc == 3) GTEST_SKIP() << output;
+  ASSERT_EQ(rc, 0) << output;
+  for (Kind kind : {Kind::kGPipe, Kind::k1F1B}) {
+    const std::string name = kind == Kind::kGPipe ? "gpipe" : "1f1b";
+    ddp_test::run_thread_groups(kStages, [&](ddp::ProcessGroup& pg) {
+      auto model = make_model();
+      auto slice = ddp::pipeline_slice(model, pg.rank(), kStages);
+      ddp::PipelineStage stage(slice, pg.rank(), kStages, ddp_test::borrow(pg));
+      auto sched = schedule(kind, stage, kMicro, mse);
+      std::vector<at::Tensor> losses;
+      if (stage.is_first()) {
+        sched->step(x);
+      } else {
+        sched->step({}, y, &losses);
+      }
+      std::vector<at::Tensor> grads;
+      for (const auto& p : slice->parameters()) grads.push_back(p.grad().reshape({-1}));
+      const at::Tensor mine = at::cat(grads);
+      const at::Tensor theirs =
+          ddp_test::read_floats(dir.file("py_" + name + "_" + std::to_string(pg.rank()) + ".bin"),
+                                {mine.numel()});
+      expect_close(mine, theirs,
+                   name + " gradients of stage " + std::to_string(pg.rank()) +
+                       " against PyTorch's");
+      if (stage.is_last()) {
+        const at::Tensor py_losses =
+            ddp_test::read_floats(dir.file("py_" + name + "_losses.bin"), {kMicro});
+        expect_close(at::stack(losses), py_losses, name + " losses against PyTorch's");
+      }
+    });
+  }
+}
+
+}  // namespace pipeline_test

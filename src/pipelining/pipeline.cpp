@@ -88,6 +88,7 @@ struct PipelineRun {
   ProcessGroup& group;
   int rank;
   std::vector<Work> sends;
+  std::vector<int> send_to;      // each send's receiver
   std::vector<at::Tensor> keep;  // what pending sends read from
   std::vector<at::Tensor> inputs, targets;
   std::vector<at::Tensor> stage_inputs, stage_outputs, losses, outputs;
@@ -99,6 +100,8 @@ struct PipelineRun {
     at::Tensor data = t.detach().contiguous();
     sends.push_back(group.isend(h, to, tag));
     sends.push_back(group.isend(data, to, tag));
+    send_to.push_back(to);
+    send_to.push_back(to);
     keep.push_back(h);
     keep.push_back(data);
   }
@@ -117,12 +120,23 @@ struct PipelineRun {
               ").");
     std::vector<int64_t> sizes(p + 3, p + 3 + p[2]);
     at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(p[1])));
-    group.recv(t, from, tag);
+    try {
+      group.recv(t, from, tag);
+    } catch (const std::exception&) {
+      throw PeerFailed{from, upstream};  // it died between the header and the tensor
+    }
     return t;
   }
 
   void wait_sends() {
-    for (Work& w : sends) w.wait();
+    for (size_t i = 0; i < sends.size(); ++i) {
+      try {
+        sends[i].wait();
+      } catch (const std::exception&) {  // the receiver is gone
+        throw PeerFailed{send_to[i], send_to[i] < rank};
+      }
+    }
+    send_to.clear();
     sends.clear();
     keep.clear();
   }

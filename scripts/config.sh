@@ -28,5 +28,11 @@ case "$DDP_LIBTORCH" in
     exit 2
     ;;
 esac
+# DDP_SANITIZE=address,undefined (docs/sanitizers.md): ddp-cpp's own code under the
+# sanitizers, in a build directory of its own (build-asan/, build-debian-asan/).
+if [ -n "${DDP_SANITIZE:-}" ]; then
+  ddp_default_build=$ddp_default_build-asan
+  export DDP_SANITIZE
+fi
 DDP_BUILD_DIR=${DDP_BUILD_DIR:-$ddp_default_build}
 export DDP_LIBTORCH DDP_BUILD_DIR DDP_PY

@@ -148,27 +148,22 @@ bool path_matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
+// A TensorParallelImpl<M> around `m` if it is an M (and `any` holding it); else nullptr.
+template <typename M>
+std::shared_ptr<TensorParallelBase> wrap_as(const std::shared_ptr<torch::nn::Module>& m,
+                                            torch::nn::AnyModule* any) {
+  auto typed = std::dynamic_pointer_cast<M>(m);
+  if (!typed) return nullptr;
+  auto w = std::make_shared<TensorParallelImpl<M>>(typed);
+  *any = torch::nn::AnyModule(w);
+  return w;
+}
+
 std::shared_ptr<TensorParallelBase> make_wrapper(const std::shared_ptr<torch::nn::Module>& m,
                                                  torch::nn::AnyModule* any) {
-  if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
-    auto w = std::make_shared<TensorParallelImpl<torch::nn::LinearImpl>>(lin);
-    *any = torch::nn::AnyModule(w);
-    return w;
-  }
-  if (auto emb = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(m)) {
-    auto w = std::make_shared<TensorParallelImpl<torch::nn::EmbeddingImpl>>(emb);
-    *any = torch::nn::AnyModule(w);
-    return w;
-  }
-  if (auto ln = std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(m)) {
-    auto w = std::make_shared<TensorParallelImpl<torch::nn::LayerNormImpl>>(ln);
-    *any = torch::nn::AnyModule(w);
-    return w;
-  }
-  if (auto d = std::dynamic_pointer_cast<torch::nn::DropoutImpl>(m)) {
-    auto w = std::make_shared<TensorParallelImpl<torch::nn::DropoutImpl>>(d);
-    *any = torch::nn::AnyModule(w);
-    return w;
+  for (auto wrap : {wrap_as<torch::nn::LinearImpl>, wrap_as<torch::nn::EmbeddingImpl>,
+                    wrap_as<torch::nn::LayerNormImpl>, wrap_as<torch::nn::DropoutImpl>}) {
+    if (auto w = wrap(m, any)) return w;
   }
   return nullptr;
 }

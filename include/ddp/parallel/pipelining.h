@@ -92,10 +92,6 @@ class PipelineStage {
 using PipelineLossFn =
     std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
-namespace detail {
-struct PipelineRun;
-}  // namespace detail
-
 /// What the schedules share: torch.distributed.pipelining's PipelineScheduleSingle.
 class PipelineSchedule {
  public:

@@ -103,12 +103,25 @@ std::vector<HostIdentity> wait_for_arrivals(const CommConfig& c, Store& store) {
     return ids;
   }
   std::vector<int> ranks(got.missing.begin(), got.missing.end());
+  // Note [Signed store records]: a record that is there but failed its check.
+  std::vector<int> refused;
+  for (int r : ranks) {
+    if (store.refused(keys[static_cast<size_t>(r)])) refused.push_back(r);
+  }
+  const std::string refusal =
+      refused.empty()
+          ? std::string()
+          : " The record(s) of rank(s) " + join_ranks(refused) +
+                " were there but refused: their signatures do not match this rank's job "
+                "secret (DDP_SECRET_FILE). Give every rank the same secret; if they have it, "
+                "a process without it wrote them (docs/security.md).";
   throw TimeoutError("rank " + std::to_string(c.rank) + " of " + std::to_string(c.world_size) +
                      " waited " + std::to_string(c.timeout.count()) + " ms at " + where_text +
                      " for the other ranks to join; rank(s) " + join_ranks(ranks) +
                      " never arrived. Start all " + std::to_string(c.world_size) +
                      " ranks with the same rendezvous settings (WORLD_SIZE counts every "
-                     "process of the job), or raise the timeout.");
+                     "process of the job), or raise the timeout." +
+                     refusal);
 }
 
 std::string describe_host(const HostIdentity& id) {

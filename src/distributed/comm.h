@@ -20,6 +20,8 @@
 namespace ddp {
 namespace detail {
 
+class RecordSigner;
+
 /// Where and how the ranks meet. Filled in by rendezvous.cpp from InitOptions and the
 /// environment, which nothing else in the library reads (docs/environment.md);
 /// consumed by Comm::create (backend_select.cpp) and the backends.
@@ -43,7 +45,10 @@ struct CommConfig {
   std::string master_addr;    // kTcp
   int master_port = 0;        // kTcp
   int master_listen_fd = -1;  // kTcp, rank 0: DDP_MASTER_LISTEN_FD (Note [Handed-over port])
-  std::string init_method;    // for messages
+  // With a job secret (DDP_SECRET_FILE): every value in the store is signed and checked
+  // (Note [Signed store records]); null: plain records.
+  std::shared_ptr<const RecordSigner> record_signer;
+  std::string init_method;  // for messages
 
   // Gloo binds its connections here: an interface name, or else an address.
   std::string gloo_interface;

@@ -23,6 +23,12 @@ line, sends a line with a valid MAC under a changed sequence number, alters a si
 line, and replays a line of one connection on another. Node 0 must refuse each, log it
 with host 3's address, keep its descriptors and memory bounded during the flood, and the
 job must then start on all three hosts and finish with exit code 0 and WORLD_SIZE 3.
+
+With --distributed-tests PATH the job is the library's own rendezvous and a Gloo
+all_reduce (distributed_tests' launcher_all_reduce scenario), and host 2's rank waits
+while the stranger connects to rank 0's TCPStore without the secret and writes a forged
+host identity for it (the store_stranger scenario). Ranks 0 and 1 must refuse it (Note
+[Signed store records]), wait, and finish with rank 2's own record.
 """
 import glob
 import hashlib
@@ -44,6 +50,11 @@ SKIP = 77
 HOSTS = None  # netns_testlib.Hosts(4), made in main() when HostileHostTest runs
 HOSTS_WHY = None  # why the hosts could not be made
 RDZV_PORT = 29400
+MASTER_PORT = 29410
+# --distributed-tests PATH: the job runs the library's rendezvous and a Gloo all_reduce
+# (distributed_tests' launcher_all_reduce) instead of dump_env.py, and a stranger forges
+# a record in its TCPStore (store_stranger).
+DISTRIBUTED_TESTS = None
 MAX_UNJOINED = 32  # control_channel.h: kMaxUnjoined
 HANDSHAKE_TIMEOUT = 5.0  # control_channel.h: kHandshakeTimeout
 WARNING = "warning: no --rdzv-secret-file"
@@ -381,10 +392,17 @@ class HostileHostTest(T.DdprunTestCase):
         self.assertEqual(T.run(["--make-secret", secret])[0], 0)
         out_dir = os.path.join(self.tmp, "env")
         os.mkdir(out_dir)
-        cmd = [T.DDPRUN, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT), "--rdzv-id", "sec",
-               "--rdzv-conf", "join_timeout=60,last_call_timeout=60", "--rdzv-secret-file", secret,
-               "--", sys.executable, T.worker("dump_env.py"), out_dir]
+        launcher = [T.DDPRUN, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "%s:%d" % (HOSTS.addrs[0], RDZV_PORT), "--rdzv-id", "sec",
+                    "--rdzv-conf", "join_timeout=60,last_call_timeout=60",
+                    "--master-port", str(MASTER_PORT), "--rdzv-secret-file", secret, "--"]
+        if DISTRIBUTED_TESTS:
+            # The library's rendezvous over rank 0's TCPStore, then a Gloo all_reduce.
+            worker = ["env", "DDP_TEST_SCENARIO=launcher_all_reduce", "OMP_NUM_THREADS=1",
+                      DISTRIBUTED_TESTS]
+        else:
+            worker = [sys.executable, T.worker("dump_env.py"), out_dir]
+        cmd = launcher + worker
         node0 = self.spawn(0, cmd)
         err0 = self.outputs[0][2]
         self.wait_for(lambda: "node 0 waiting" in read(err0), 30, "node 0 did not listen")
@@ -452,7 +470,26 @@ class HostileHostTest(T.DdprunTestCase):
         # The job: host 2 joins, all three start, and finish with WORLD_SIZE 3.
         self.assertIsNone(node0.poll(), self.logs())
         self.assertIsNone(node1.poll(), self.logs())
-        node2 = self.spawn(2, cmd)
+        if not DISTRIBUTED_TESTS:
+            node2 = self.spawn(2, cmd)
+        else:
+            # Note [Signed store records]: host 2's rank waits for a flag while a stranger
+            # on host 3 writes a forged identity for it into rank 0's TCPStore. Ranks 0
+            # and 1 must refuse it, wait, and go on with rank 2's own once it arrives.
+            flag = os.path.join(self.tmp, "rank2.go")
+            gate = ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.02; done; exec "$@"', flag]
+            node2 = self.spawn(2, launcher + gate + worker)
+            forger = subprocess.run(
+                HOSTS.command(3, ["env", "DDP_TEST_SCENARIO=store_stranger",
+                                  "MASTER_ADDR=" + HOSTS.addrs[0], "MASTER_PORT=%d" % MASTER_PORT,
+                                  "DDP_TEST_FORGE_RANKS=2", DISTRIBUTED_TESTS]),
+                env=self.env(), capture_output=True, text=True, timeout=90)
+            self.assertEqual(forger.returncode, 0, forger.stdout + forger.stderr + self.logs())
+            self.assertIn("forged 1", forger.stdout)
+            refused = "refused the store's record 'ddp/arrived/2'"
+            self.wait_for(lambda: refused in read(err0) + read(err1) + read(self.outputs[0][1])
+                          + read(self.outputs[1][1]), 30, "no rank refused the forged record")
+            open(flag, "w").close()
         for p in (node0, node1, node2):
             try:
                 p.wait(timeout=60)
@@ -460,6 +497,10 @@ class HostileHostTest(T.DdprunTestCase):
                 self.fail("the job did not finish\n" + self.logs())
             self.assertEqual(p.returncode, 0, self.logs())
         sizes = {}
+        if DISTRIBUTED_TESTS:
+            for _, out, _ in self.outputs:
+                for m in re.finditer(r"rank (\d+) of (\d+) \(local \d+\): all_reduce ok", read(out)):
+                    sizes[int(m.group(1))] = m.group(2)
         for path in glob.glob(os.path.join(out_dir, "rank*.json")):
             with open(path) as f:
                 e = json.load(f)
@@ -476,12 +517,16 @@ class HostileHostTest(T.DdprunTestCase):
 
 
 def main():
-    global HOSTS, HOSTS_WHY
+    global HOSTS, HOSTS_WHY, DISTRIBUTED_TESTS
     if len(sys.argv) > 1 and sys.argv[1] == "--hostile":
         return hostile_main(sys.argv[2:])
     if len(sys.argv) < 2 or not os.access(sys.argv[1], os.X_OK):
         sys.exit("usage: %s /path/to/ddprun [unittest options]" % sys.argv[0])
     T.DDPRUN = os.path.abspath(sys.argv[1])
+    if "--distributed-tests" in sys.argv:
+        i = sys.argv.index("--distributed-tests")
+        DISTRIBUTED_TESTS = os.path.abspath(sys.argv[i + 1])
+        del sys.argv[i:i + 2]
     names = [a for a in sys.argv[2:] if not a.startswith("-")]
     wants_hosts = not names or any(n.startswith("HostileHostTest") for n in names)
     only_hosts = names and all(n.startswith("HostileHostTest") for n in names)

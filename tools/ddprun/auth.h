@@ -3,9 +3,9 @@
 // handshake that proves, both ways, that the other end holds it, and every line after
 // that carries an HMAC over its direction, its sequence number and its text.
 // OpenSSL's libcrypto does all the cryptography (HMAC-SHA256, RAND_bytes,
-// CRYPTO_memcmp); this file only arranges what is signed. Apart from the secret file
-// (load_secret_file, make_secret_file) there is no I/O here: control_channel.cpp sends
-// and receives the lines.
+// CRYPTO_memcmp, through src/secret/job_secret.h, which also reads and writes the secret
+// file); this file only arranges what is signed. There is no I/O here:
+// control_channel.cpp sends and receives the lines.
 //
 // Note [Signed lines]
 // Handshake, one plain line each way per step (the nonces are 32 bytes from RAND_bytes):
@@ -33,35 +33,33 @@
 // line is refused, and so is a line of another connection (another session key).
 #pragma once
 
+#include "secret/job_secret.h"  // the secret file and the primitives (src/secret)
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ddprun::auth {
 
-using Bytes = std::vector<unsigned char>;
+using ddp::secret::Bytes;
+using ddp::secret::from_hex;
+using ddp::secret::hmac_sha256;
+using ddp::secret::kMacBytes;
+using ddp::secret::kMaxSecretBytes;
+using ddp::secret::kMinSecretBytes;
+using ddp::secret::load_secret_file;
+using ddp::secret::make_secret_file;
+using ddp::secret::printable;
+using ddp::secret::random_bytes;
+using ddp::secret::same_mac;
+using ddp::secret::to_hex;
 
-constexpr size_t kMinSecretBytes = 32;
-constexpr size_t kMaxSecretBytes = 1024;
 constexpr size_t kNonceBytes = 32;
-constexpr size_t kMacBytes = 32;  // SHA-256
 // The longest handshake line (auth-proof and 64 hex digits, with room to spare): a peer
 // that sends more before it has authenticated is cut off.
 constexpr size_t kMaxHandshakeLine = 160;
 // What a signed line adds to the message: the sequence number, the MAC, two spaces.
 constexpr size_t kSealOverhead = 20 + 1 + 2 * kMacBytes + 1;
-
-// HMAC-SHA256 of `data` under `key` (OpenSSL's HMAC()).
-Bytes hmac_sha256(const Bytes& key, const std::string& data);
-// Whether two MACs are equal, in time that does not depend on where they differ
-// (CRYPTO_memcmp); false when their sizes differ.
-bool same_mac(const Bytes& a, const Bytes& b);
-// `n` bytes from OpenSSL's RAND_bytes; throws std::runtime_error when it fails.
-Bytes random_bytes(size_t n);
-
-std::string to_hex(const Bytes& bytes);  // lower case
-// An even number of hex digits (either case) into bytes; false for anything else.
-bool from_hex(const std::string& text, Bytes& out);
 
 // Which end of a connection: the coordinator accepted it, the agent connected.
 enum class Role { Coordinator, Agent };
@@ -131,19 +129,5 @@ class Handshake {
   State state_ = State::AwaitHello;
   bool peer_is_plain_ = false;
 };
-
-// A line received from a stranger, fit for a log line: at most `max` characters,
-// anything not printable as '?'.
-std::string printable(const std::string& text, size_t max = 60);
-
-// The job secret in file `path`: 64 or more hex digits (32 or more bytes; whitespace
-// around them is ignored), in a regular file that only its owner, this user (or root),
-// can read and write (mode & 077 == 0). False with `error` saying what was expected,
-// what was found, and what to do.
-bool load_secret_file(const std::string& path, Bytes& secret, std::string& error);
-// Writes a new secret (32 bytes from RAND_bytes, as 64 hex digits and a newline) to
-// `path`, mode 0600, all at once: the file appears complete or not at all, and an
-// existing file is never replaced. False with `error` set.
-bool make_secret_file(const std::string& path, std::string& error);
 
 }  // namespace ddprun::auth

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -91,6 +92,12 @@ int main(int argc, char** argv) {
     if (!auth::load_secret_file(o.secret_file, o.secret, error)) {
       std::cerr << "ddprun: error: " << error << "\n";
       return kExitUsage;
+    }
+    // The workers read it too (DDP_SECRET_FILE) to sign the store's records, from
+    // whatever directory they run in.
+    if (char* full = ::realpath(o.secret_file.c_str(), nullptr)) {
+      o.secret_file = full;
+      std::free(full);
     }
   } else if (o.multi_host() && !only_loopback(o.master_addr)) {
     std::cerr << "ddprun: warning: no --rdzv-secret-file, so anyone who can reach " << o.master_addr

@@ -40,6 +40,10 @@ std::vector<std::string> worker_environment(const Options& o, int local_rank,
   if (!a.rendezvous_dir.empty()) set["DDP_RENDEZVOUS_DIR"] = a.rendezvous_dir;
   if (!a.omp_threads.empty()) set["OMP_NUM_THREADS"] = a.omp_threads;
   if (!a.flight_recorder_dir.empty()) set["DDP_FLIGHT_RECORDER_DIR"] = a.flight_recorder_dir;
+  // Note [Signed store records] (src/distributed/rendezvous/signed_records.cpp): the
+  // workers sign what they put in the TCPStore with a key derived from the job secret.
+  // They get the file's name, never the secret itself in the environment.
+  if (!o.secret.empty()) set["DDP_SECRET_FILE"] = o.secret_file;
 
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {

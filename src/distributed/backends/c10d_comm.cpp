@@ -24,6 +24,8 @@
 #include "distributed/backends/c10d_comm.h"
 
 #include "distributed/common/check.h"
+#include "distributed/rendezvous/signed_records.h"
+#include "secret/job_secret.h"
 
 #include <ddp/errors.h>
 
@@ -53,6 +55,8 @@
 #include <cstdio>
 #include <csignal>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include <signal.h>
 #include <unistd.h>
@@ -107,22 +111,160 @@ std::optional<std::string> store_try_get_on(c10d::Store& store, const std::strin
   return std::string(bytes.begin(), bytes.end());
 }
 
+// Note [Signed store records] (signed_records.cpp): the store of a job with a secret, under
+// every group's records, Gloo's and NCCL's own included. Values are sealed on the way in
+// and checked on the way out; counters, existence and deletion pass through as they are.
+class SignedStore final : public c10d::Store {
+ public:
+  SignedStore(c10::intrusive_ptr<c10d::Store> inner, std::shared_ptr<const RecordSigner> signer,
+              int rank)
+      : c10d::Store(inner->getTimeout()),
+        inner_(std::move(inner)),
+        signer_(std::move(signer)),
+        rank_(rank) {}
+
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<SignedStore>(inner_->clone(), signer_, rank_);
+  }
+  // Appending cannot be signed (the server concatenates); multiGet and multiSet go key by
+  // key, through get and set.
+  bool hasExtendedApi() const override { return false; }
+  void append(const std::string& key, const std::vector<uint8_t>&) override {
+    throw std::runtime_error("rank " + std::to_string(rank_) + ": the store of a job with a " +
+                             "secret (DDP_SECRET_FILE) cannot append to '" + key +
+                             "': appended bytes cannot be signed. Use set().");
+  }
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override {
+    std::vector<std::vector<uint8_t>> values;
+    for (const std::string& key : keys) values.push_back(get(key));
+    return values;
+  }
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override {
+    for (size_t i = 0; i < keys.size() && i < values.size(); ++i) set(keys[i], values[i]);
+  }
+#endif
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_->set(key, seal(key, value));
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& current,
+                                  const std::vector<uint8_t>& desired) override {
+    const std::vector<uint8_t> sealed = seal(key, desired);
+    const std::vector<uint8_t> got =
+        inner_->compareSet(key, current.empty() ? current : seal(key, current), sealed);
+    if (got == sealed) return desired;
+    if (auto value = signer_->open(key, text(got))) return bytes(*value);
+    throw std::runtime_error(refusal(key, "compare-and-set found it"));
+  }
+  // Waits for the key as the store does, then, while its record does not verify, for a
+  // signed one to replace it: within the store's timeout from the start.
+  std::vector<uint8_t> get(const std::string& key) override {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<uint8_t> record = inner_->get(key);
+    std::chrono::milliseconds pause(2);
+    for (;;) {
+      if (auto value = signer_->open(key, text(record))) return bytes(*value);
+      say_refused(key);
+      if (std::chrono::steady_clock::now() - start >= inner_->getTimeout()) {
+        throw std::runtime_error(refusal(key, "waited " +
+                                                  std::to_string(inner_->getTimeout().count()) +
+                                                  " ms (the store's timeout) for a signed one"));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
+      record = inner_->get(key);
+    }
+  }
+  /// The key's value if it is there and verifies; nullopt otherwise (a record that does
+  /// not verify is reported once). Never blocks.
+  std::optional<std::string> try_get(const std::string& key) {
+    if (!inner_->check({key})) return std::nullopt;
+    if (auto value = signer_->open(key, text(inner_->get(key)))) return value;
+    say_refused(key);
+    return std::nullopt;
+  }
+
+  bool refused(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return refused_.count(key) > 0;
+  }
+
+  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { inner_->wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    inner_->wait(keys, timeout);
+  }
+  const std::chrono::milliseconds& getTimeout() const noexcept override {
+    return inner_->getTimeout();
+  }
+  void setTimeout(const std::chrono::milliseconds& timeout) override {
+    inner_->setTimeout(timeout);
+  }
+
+ private:
+  static std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+  static std::vector<uint8_t> bytes(const std::string& s) {
+    return std::vector<uint8_t>(s.begin(), s.end());
+  }
+  std::vector<uint8_t> seal(const std::string& key, const std::vector<uint8_t>& value) const {
+    return bytes(signer_->seal(key, text(value)));
+  }
+  std::string refusal(const std::string& key, const std::string& then) const {
+    return "rank " + std::to_string(rank_) + " refused the store's record '" +
+           secret::printable(key, 120) + "': its signature does not match this job's secret; " +
+           then + ". Either a process without the secret wrote it (anyone who reaches the " +
+           "store's port can: docs/security.md, which says how to keep strangers out), or the " +
+           "ranks were given different secrets: give every host the same DDP_SECRET_FILE " +
+           "(ddprun --rdzv-secret-file).";
+  }
+  void say_refused(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!refused_.insert(key).second) return;
+    std::fprintf(stderr, "[ddp] %s\n",
+                 refusal(key, "waiting for a signed record to replace it").c_str());
+  }
+
+  c10::intrusive_ptr<c10d::Store> inner_;
+  std::shared_ptr<const RecordSigner> signer_;
+  int rank_;
+  std::mutex mutex_;
+  std::set<std::string> refused_;
+};
+
+// The library's Store over a c10d store. With a secret, `signed_` is the SignedStore at
+// the bottom of `store_` and `prefix_` the prefixes above it (PrefixStore's "a/b"), so
+// that try_get can check a record without blocking.
 class C10dStore final : public Store {
  public:
-  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store,
+                     c10::intrusive_ptr<SignedStore> signed_store = {}, std::string prefix = {})
+      : store_(std::move(store)), signed_(std::move(signed_store)), prefix_(std::move(prefix)) {}
   void set(const std::string& key, const std::string& value) override {
     store_set_on(*store_, key, value);
   }
   std::optional<std::string> try_get(const std::string& key) override {
+    if (signed_) return signed_->try_get(prefix_.empty() ? key : prefix_ + "/" + key);
     return store_try_get_on(*store_, key);
   }
+  bool refused(const std::string& key) override {
+    return signed_ && signed_->refused(prefix_.empty() ? key : prefix_ + "/" + key);
+  }
   std::shared_ptr<Store> prefixed(const std::string& prefix) override {
-    return std::make_shared<C10dStore>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_));
+    return std::make_shared<C10dStore>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
+                                       signed_, prefix_.empty() ? prefix : prefix_ + "/" + prefix);
   }
   const c10::intrusive_ptr<c10d::Store>& get() const { return store_; }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<SignedStore> signed_;
+  std::string prefix_;
 };
 
 const c10::intrusive_ptr<c10d::Store>& c10d_store(const std::shared_ptr<Store>& store) {
@@ -650,6 +792,10 @@ std::shared_ptr<Store> open_store(const CommConfig& c) {
                             store_description(c) + ". Cause: " + text);
   }
 
+  if (c.record_signer && c.store != CommConfig::StoreKind::kNone) {
+    auto signed_store = c10::make_intrusive<SignedStore>(std::move(store), c.record_signer, c.rank);
+    return std::make_shared<C10dStore>(signed_store, signed_store);
+  }
   return std::make_shared<C10dStore>(std::move(store));
 }
 

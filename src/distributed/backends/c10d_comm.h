@@ -22,6 +22,9 @@ class Store {
   virtual std::optional<std::string> try_get(const std::string& key) = 0;
   /// The same store with every key under `prefix` (c10d's PrefixStore).
   virtual std::shared_ptr<Store> prefixed(const std::string& prefix) = 0;
+  /// Whether a record under `key` was refused for its signature (Note [Signed store
+  /// records]), for the error of a wait that ends without it.
+  virtual bool refused(const std::string& key) { return false; }
 };
 
 /// Opens the store that `config` names ("the TCPStore at host:port", ...): a store in

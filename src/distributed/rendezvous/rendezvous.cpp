@@ -20,6 +20,7 @@
 #include "distributed/backend_select.h"
 #include "distributed/comm.h"
 #include "distributed/rendezvous/rendezvous.h"
+#include "distributed/rendezvous/signed_records.h"
 #include "distributed/store_wait.h"
 
 #include <ddp/errors.h>
@@ -315,11 +316,17 @@ CommConfig resolve_rendezvous(const InitOptions& o) {
 
   if (c.store == CommConfig::StoreKind::kTcp && c.rank == 0) {
     // The socket serves one store: a group made later in the process binds the port itself.
+    // It counts as taken only once it passed its checks: a group that refused it leaves
+    // it to the next (otherwise that one would bind the port itself, beside the socket
+    // that still holds it, and its clients would wait on a socket nobody serves).
     static std::atomic<bool> listen_fd_taken{false};
-    if (auto fd = env_int("DDP_MASTER_LISTEN_FD"); fd && !listen_fd_taken.exchange(true)) {
-      c.master_listen_fd = checked_listen_fd(*fd, c);
+    if (auto fd = env_int("DDP_MASTER_LISTEN_FD"); fd && !listen_fd_taken.load()) {
+      const int checked = checked_listen_fd(*fd, c);
+      if (!listen_fd_taken.exchange(true)) c.master_listen_fd = checked;
     }
   }
+  // Note [Signed store records]
+  if (c.store != CommConfig::StoreKind::kNone) c.record_signer = signer_from_environment(c.rank);
   if (c.store == CommConfig::StoreKind::kTcp) {
     if (auto iface = env_string("GLOO_SOCKET_IFNAME")) {
       c.gloo_interface = *iface;

@@ -4,7 +4,7 @@
 Run with ddp-cpp's pip torch for the DCP files (scripts/config.sh's DDP_PY):
     ~/.cache/ddp-cpp/torch-2.15.0/bin/python fuzz/make-corpus.py
 Without torch the DCP `.metadata` files are left as they are. Files are rewritten, never
-deleted; every file is small (a few KB at most) and each folder holds at most 30.
+deleted; every file is small (16 KB at most) and each folder holds at most 30.
 """
 import collections
 import dataclasses
@@ -21,7 +21,8 @@ def put(target, name, data):
     os.makedirs(d, exist_ok=True)
     if isinstance(data, str):
         data = data.encode()
-    assert len(data) <= 8192, (target, name, len(data))
+    assert len(data) <= (16384 if target in ("zip_archive", "torch_load") else 8192), (
+        target, name, len(data))
     with open(os.path.join(d, name), "wb") as f:
         f.write(data)
 
@@ -215,7 +216,56 @@ def gpt_corpus():
     put("gpt_metrics", "crlf", (rec % (5, 1, "2", "1")) + "\r\n")
 
 
+# --- torch.save files (zip_archive, torch_load) ------------------------------------------
+
+def torch_save_files():
+    """Small torch.save files of what a checkpoint holds, from this Python's torch."""
+    try:
+        import io
+        import torch
+    except ImportError:
+        print("make-corpus: no torch here: the torch.save files are left as they are")
+        return {}
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)  # the torch_load target's model
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
+    lin(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    # The optimizer in ddp::save_checkpoint's layout (src/formats/optimizer_state.cpp).
+    ddp_opt = dict(opt.state_dict())
+    ddp_opt["type"] = "AdamW"
+    ddp_opt["param_names"] = ["weight", "bias"]
+    values = {
+        "tensor_dict": {"w": torch.arange(4.0), "b": torch.zeros(2, dtype=torch.int64)},
+        "module_state": lin.state_dict(),  # an OrderedDict with _metadata (BUILD)
+        "optimizer_state": opt.state_dict(),
+        "ddp_optimizer": ddp_opt,
+        "checkpoint": {"model": lin.state_dict(), "optimizer": ddp_opt, "epoch": 3, "step": 12,
+                       "rng": {"cpu": torch.get_rng_state(), "cuda": []},
+                       "sampler": {"epoch": 1, "seed": 0}, "extra": {"name": "x", "v": 1.5}},
+        "views": {"a": torch.arange(6.0).view(2, 3).t(), "half": torch.ones(3, dtype=torch.float16)},
+        "empty": {},
+    }
+    files = {}
+    for name, value in values.items():
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        files[name] = buf.getvalue()
+    return files
+
+
+def torch_save_corpus(files):
+    for target in ("zip_archive", "torch_load"):
+        for name, data in files.items():
+            put(target, f"{name}.pt", data)
+        if "tensor_dict" in files:
+            for kind, data in damaged(files["tensor_dict"]).items():
+                put(target, f"tensor_dict_{kind}.pt", data)
+        put(target, "plain_pickle.pkl", pickle.dumps({"a": 1}, 2))
+
+
 def main():
+    torch_save_corpus(torch_save_files())
     dcp_files = dcp_metadata_files()
     py_pickle_corpus(dcp_files)
     dcp_corpus(dcp_files)

@@ -6,10 +6,14 @@
 
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/versions.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
+#include <cctype>
+#include <set>
 #include <sstream>
 
 namespace ddp {
@@ -81,12 +85,130 @@ std::string pickle_string(const c10::IValue& value) {
 
 namespace {
 
+// Note [What LibTorch's reader requires]
+// LibTorch's archive reader (caffe2::serialize::PyTorchStreamReader) refuses an archive
+// from its constructor, after miniz has allocated its state, which then leaks (about 1 KB
+// per refused file; found by fuzz/torch_load.cpp). So what its constructor requires is
+// checked here first, with a message of ours: records in one folder (the first record's),
+// and a version record (.data/version, else version) holding a version this LibTorch
+// reads. What miniz itself refuses after read_zip accepted the archive still reaches it
+// (scripts/sanitize-suppressions/lsan.supp).
+void check_torch_archive(std::string_view bytes, const std::vector<ZipRecord>& records,
+                         const std::string& where) {
+  const std::string expected =
+      "; a torch.save or ddp::save_checkpoint file has all its records in one folder, "
+      "with a version record. The file is damaged, or not such a file.";
+  DDP_CHECK(!records.empty(), where, ": the zip archive holds no records", expected);
+  DDP_CHECK(bytes.substr(0, 8) != "PYTORCH1", where,
+            ": a file of PyTorch's preview release (magic PYTORCH1), which LibTorch no longer "
+            "reads. Save it again with a current PyTorch.");
+  const std::string& first = records.front().name;
+  const size_t slash = first.find('/');
+  DDP_CHECK(slash != std::string::npos, where, ": the archive's first record '", first,
+            "' is not in a folder", expected);
+  const std::string folder = first.substr(0, slash + 1);
+  const ZipRecord* version = nullptr;
+  for (const std::string& name : {folder + ".data/version", folder + "version"}) {
+    for (const ZipRecord& r : records) {
+      if (r.name == name) {
+        version = &r;
+        break;
+      }
+    }
+    if (version != nullptr) break;
+  }
+  DDP_CHECK(version != nullptr, where, ": the archive has no record '", folder, "version'",
+            expected);
+  std::string text(bytes.substr(version->offset, std::min<uint64_t>(version->size, 64)));
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  uint64_t value = 0;
+  bool number = !text.empty() && text.size() <= 18 && version->size <= 64;
+  for (char c : text) {
+    number = number && std::isdigit(static_cast<unsigned char>(c));
+    if (number) value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  DDP_CHECK(number, where, ": the archive's version record '", version->name,
+            "' does not hold a version number", expected);
+  DDP_CHECK(value >= caffe2::serialize::kMinSupportedFileFormatVersion &&
+                value <= caffe2::serialize::kMaxSupportedFileFormatVersion,
+            where, ": the archive's format version is ", value, ", and this LibTorch reads ",
+            caffe2::serialize::kMinSupportedFileFormatVersion, " to ",
+            caffe2::serialize::kMaxSupportedFileFormatVersion,
+            ". Save it again with a PyTorch whose files this LibTorch reads.");
+}
+
+// Note [Tensors inside their storage]
+// LibTorch's unpickler builds each tensor from the sizes, strides and offset the pickle
+// states, over a storage whose size the archive states, without checking that the one
+// fits in the other (found by fuzz/torch_load.cpp: a crafted optimizer state whose
+// tensor lies past its empty storage made the first copy read address 0). So every
+// tensor that unpickle returns is checked here: dense (strided), no negative stride, and
+// its last element inside its storage. Containers shared through the pickle's memo are
+// walked once.
+void check_tensor_fits(const at::Tensor& t, const std::string& where) {
+  if (!t.defined() || t.layout() != c10::kStrided) {
+    DDP_CHECK(!t.defined(), where, ": the file holds a ", t.layout(),
+              " tensor; only dense tensors are read. The file is damaged, or not a checkpoint.");
+    return;
+  }
+  if (t.numel() == 0) return;
+  // The last element's index, in elements from the storage's start; at most 2^62 to stay
+  // clear of overflow (no real tensor comes near).
+  const uint64_t limit = uint64_t(1) << 62;
+  uint64_t last = static_cast<uint64_t>(t.storage_offset());
+  bool fits = t.storage_offset() >= 0 && last < limit;
+  for (int64_t d = 0; d < t.dim() && fits; ++d) {
+    const int64_t size = t.size(d), stride = t.stride(d);
+    fits = stride >= 0 && size > 0 &&
+           (stride == 0 || static_cast<uint64_t>(size - 1) <= (limit - last) / uint64_t(stride));
+    if (fits) last += static_cast<uint64_t>(size - 1) * static_cast<uint64_t>(stride);
+  }
+  const uint64_t item = t.dtype().itemsize();
+  const uint64_t need = fits ? (last + 1) * item : 0;
+  const uint64_t have = t.storage().nbytes();
+  DDP_CHECK(fits && need <= have && t.storage().data() != nullptr, where, ": a tensor of shape ",
+            t.sizes(), ", strides ", t.strides(), " and offset ", t.storage_offset(),
+            (fits ? " reaches byte " + std::to_string(need)
+                  : std::string(" has a negative or "
+                                "overflowing stride")),
+            " of its storage, which holds ", have,
+            " bytes. The file is damaged or crafted; load another checkpoint.");
+}
+
+void check_tensors_fit(const c10::IValue& root, const std::string& where) {
+  std::vector<c10::IValue> todo{root};
+  std::set<const void*> seen;
+  while (!todo.empty()) {
+    const c10::IValue v = std::move(todo.back());
+    todo.pop_back();
+    if (v.isTensor()) {
+      check_tensor_fits(v.toTensor(), where);
+      continue;
+    }
+    if (!(v.isGenericDict() || v.isList() || v.isTuple() || v.isObject())) continue;
+    if (!seen.insert(v.internalToPointer()).second) continue;
+    if (v.isGenericDict()) {
+      for (const auto& entry : v.toGenericDict()) {
+        todo.push_back(entry.key());
+        todo.push_back(entry.value());
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef()) todo.push_back(x);
+    } else if (v.isTuple()) {
+      for (const c10::IValue& x : v.toTupleRef().elements()) todo.push_back(x);
+    } else {
+      for (const c10::IValue& x : v.toObjectRef().slots()) todo.push_back(x);
+    }
+  }
+}
+
 // unpickle of `bytes`; `owned`, when given, holds the same bytes and is moved into the
 // archive instead of copying them (a chunk of hundreds of megabytes is copied once less).
 c10::IValue unpickle_view(std::string_view bytes, std::vector<char>* owned,
                           const std::string& where) {
   // Note [Integrity check]: a torn or corrupted file stops here.
   const std::vector<ZipRecord> records = read_zip(bytes, where);
+  check_torch_archive(bytes, records, where);  // Note [What LibTorch's reader requires]
   // Note [Python pickles]: rewrite what this LibTorch's unpickler cannot read.
   std::vector<char> archive;
   bool rewritten = false;
@@ -118,12 +240,18 @@ c10::IValue unpickle_view(std::string_view bytes, std::vector<char>* owned,
   }
 
   std::string reason;
+  c10::IValue value;
+  bool read = false;
   try {
-    c10::IValue value = torch::jit::pickle_load(archive);
+    value = torch::jit::pickle_load(archive);
     if (rewritten) drop_build_states(value);
-    return value;
+    read = true;
   } catch (const std::exception& e) {
     reason = e.what();
+  }
+  if (read) {
+    check_tensors_fit(value, where);  // Note [Tensors inside their storage]
+    return value;
   }
   const auto newline = reason.find('\n');
   if (newline != std::string::npos) reason.resize(newline);

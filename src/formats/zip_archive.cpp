@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 
 namespace ddp {
 namespace detail {
@@ -123,6 +124,9 @@ std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where
     central = r.le(end64 + 48, 8);
   }
   std::vector<ZipRecord> records;
+  // Two records of one name would leave it to each reader which one it takes (ours checks
+  // both; LibTorch's takes the first): refused, as damaged or crafted.
+  std::set<std::string> names;
   uint64_t at = central;
   for (uint64_t i = 0; i < entries; ++i) {
     if (r.le(at, 4) != kCentralSig)
@@ -169,6 +173,7 @@ std::vector<ZipRecord> read_zip(std::string_view bytes, const std::string& where
         r.fail("record '" + name + "' fails its CRC-32 check, " + buf);
       }
     }
+    if (!names.insert(name).second) r.fail("two records are named '" + name + "'");
     records.push_back({name, data, compressed});
     at += 46 + name_len + extra_len + comment_len;
   }

@@ -127,6 +127,30 @@ TEST_F(CheckpointErrorTest, CorruptBytes) {
   }
 }
 
+// Archives crafted past their CRC-32s (names are not covered by them): two records of
+// one name, no version record. Each is refused with what is wrong, before LibTorch's own
+// reader sees it (Note [What LibTorch's reader requires]).
+TEST_F(CheckpointErrorTest, CraftedArchives) {
+  const std::string bytes = good_bytes();
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string out = bytes;
+    size_t n = 0;
+    for (size_t at = out.find(from); at != std::string::npos; at = out.find(from, at + 1), ++n) {
+      out.replace(at, from.size(), to);
+    }
+    EXPECT_GE(n, 2u) << from;  // the local header and the central directory
+    return out;
+  };
+  std::string msg = load(write_bytes("dup.pt", replaced("/data/1", "/data/0")));
+  EXPECT_NE(msg.find("two records are named '"), std::string::npos) << msg;
+  msg = load(write_bytes("noversion.pt", replaced("/version", "/versioN")));
+  EXPECT_NE(msg.find("version'; a torch.save or ddp::save_checkpoint file has all its records "
+                     "in one folder, with a version record"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(unchanged(*target, before));
+}
+
 TEST_F(CheckpointErrorTest, OtherArchitecture) {
   // Same structure but a wider head: a shape mismatch, named.
   struct WideImpl : torch::nn::Module {

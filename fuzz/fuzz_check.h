@@ -3,9 +3,14 @@
 // property is a crash both under libFuzzer and in the corpus replay (fuzz/replay_main.cpp).
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #define FUZZ_CHECK(cond, what)                                                           \
   do {                                                                                   \
@@ -37,6 +42,35 @@ inline std::string escaped(const std::string& s, size_t max = 200) {
   }
   if (s.size() > max) out += "...";
   return out;
+}
+
+// For readers that take a path: a folder of this process's own, made once under $TMPDIR
+// (else /dev/shm, else /tmp) and removed at exit.
+inline const std::string& scratch_dir() {
+  static std::string dir;
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string base = tmp && *tmp                       ? tmp
+                             : ::access("/dev/shm", W_OK) == 0 ? "/dev/shm"
+                                                               : "/tmp";
+    dir = base + "/ddp-fuzz-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+  }
+  return dir;
+}
+
+// The input written to scratch_dir()/name; its path.
+inline std::string input_file(const std::string& name, const uint8_t* data, size_t size) {
+  const std::string path = scratch_dir() + "/" + name;
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) check_failed("f != nullptr", "cannot write " + path, __FILE__, __LINE__);
+  if (size > 0) std::fwrite(data, 1, size, f);
+  std::fclose(f);
+  return path;
 }
 
 }  // namespace ddp_fuzz

@@ -4,50 +4,20 @@
 // plot (write_loss_svg).
 //
 // read_metrics takes a path: the input is written to one file per process, in a folder
-// made once under $TMPDIR (else /dev/shm, else /tmp) and removed at exit. A refusal must
+// made once under $TMPDIR (else /dev/shm, else /tmp; fuzz_check.h) and removed at exit. A refusal must
 // be a std::runtime_error. What reads must survive write_metrics and read back equal
 // (finite numbers only: JSON has no NaN or infinity), and write_loss_svg must finish.
 #include "gpt/report.h"
 
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "fuzz_check.h"
 
 namespace {
-
-std::string g_dir;
-
-void remove_dir() {
-  std::error_code ec;
-  if (!g_dir.empty()) std::filesystem::remove_all(g_dir, ec);
-}
-
-const std::string& dir() {
-  if (g_dir.empty()) {
-    std::string base;
-    const char* tmp = std::getenv("TMPDIR");
-    if (tmp && *tmp) {
-      base = tmp;
-    } else if (access("/dev/shm", W_OK) == 0) {
-      base = "/dev/shm";
-    } else {
-      base = "/tmp";
-    }
-    g_dir = base + "/ddp-fuzz-gpt-" + std::to_string(getpid());
-    std::filesystem::create_directories(g_dir);
-    std::atexit(remove_dir);
-  }
-  return g_dir;
-}
 
 bool same(const std::optional<double>& a, const std::optional<double>& b) {
   return a.has_value() == b.has_value() && (!a || *a == *b);
@@ -67,13 +37,7 @@ std::string difference(const gpt::StepMetrics& a, const gpt::StepMetrics& b) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string path = dir() + "/metrics.jsonl";
-  {
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    FUZZ_CHECK(f != nullptr, "cannot write " + path);
-    if (size > 0) std::fwrite(data, 1, size, f);
-    std::fclose(f);
-  }
+  const std::string path = ddp_fuzz::input_file("metrics.jsonl", data, size);
   std::vector<gpt::StepMetrics> metrics;
   try {
     metrics = gpt::read_metrics(path);
@@ -81,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // a damaged file, refused with a message: the reader's job
   }
 
-  const std::string rewritten = dir() + "/rewritten.jsonl";
+  const std::string rewritten = ddp_fuzz::scratch_dir() + "/rewritten.jsonl";
   gpt::write_metrics(rewritten, metrics);
   std::vector<gpt::StepMetrics> back;
   try {
@@ -95,6 +59,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(diff.empty(), "record " + std::to_string(i) + " reads back with another " + diff);
   }
 
-  gpt::write_loss_svg(dir() + "/loss.svg", metrics, "fuzz <&> run");
+  gpt::write_loss_svg(ddp_fuzz::scratch_dir() + "/loss.svg", metrics, "fuzz <&> run");
   return 0;
 }

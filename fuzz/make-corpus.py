@@ -264,7 +264,46 @@ def torch_save_corpus(files):
         put(target, "plain_pickle.pkl", pickle.dumps({"a": 1}, 2))
 
 
+# --- host identities, IDX files, GPT corpora ---------------------------------------------
+
+def host_identity_corpus():
+    a = ("host-v2 node0 0f1e2d3c-aaaa-bbbb-cccc-123456789abc 22 1 4026531836 1234 4026531840 2 "
+         "10.0.0.1/24/eth0 192.168.1.5/16/wlan0")
+    b = "host-v2 node1 1f1e2d3c-aaaa-bbbb-cccc-123456789abc 22 1 4026531836 99 4026531841 1 10.0.0.2/24/eth0"
+    same = "host-v2 node0 0f1e2d3c-aaaa-bbbb-cccc-123456789abc 22 1 4026531836 1235 4026531840 0"
+    put("host_identity", "two_hosts", a + "\n" + b)
+    put("host_identity", "one_host", a + "\n" + a.replace("1234", "1235"))
+    put("host_identity", "v1_and_v2", "host-v1 node0 - 22 1 4026531836 7\n" + b)
+    put("host_identity", "no_addresses", same + "\n" + same.replace("1235", "1236"))
+    put("host_identity", "older_peer", "1\n" + a)
+
+
+def idx_corpus():
+    import gzip
+    import struct
+    images = struct.pack(">IIII", 0x803, 2, 28, 28) + bytes(range(256)) * 6 + bytes(32)
+    labels = struct.pack(">II", 0x801, 4) + bytes([0, 9, 3, 1])
+    put("idx", "images", images)
+    put("idx", "labels", labels)
+    put("idx", "labels.gz", gzip.compress(labels, mtime=0))
+    put("idx", "images_3x3", struct.pack(">IIII", 0x803, 1, 3, 3) + bytes(9))
+    put("idx", "label_10", struct.pack(">II", 0x801, 1) + bytes([10]))
+    for kind, data in damaged(labels).items():
+        put("idx", f"labels_{kind}", data)
+
+
+def gpt_text_corpus():
+    put("gpt_text", "ascii", "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3)
+    put("gpt_text", "utf8", "Grüße, καλημέρα, 你好! 🙂 " * 8)
+    put("gpt_text", "short", "abcdefghij")
+    put("gpt_text", "bad_utf8", b"abc\xff\xfe def" * 10)
+    put("gpt_text", "cut_utf8", ("é" * 40).encode()[:-1])
+
+
 def main():
+    host_identity_corpus()
+    idx_corpus()
+    gpt_text_corpus()
     torch_save_corpus(torch_save_files())
     dcp_files = dcp_metadata_files()
     py_pickle_corpus(dcp_files)

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
@@ -72,6 +73,22 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
   }
 }
 
+// The `len` bytes of the payload, read in pieces so that memory grows with the data that
+// is really there, not with what the header claims: a 20-byte file that announces 4e9
+// labels is refused as truncated after reading it, without a 4 GB allocation first.
+std::vector<uint8_t> read_payload(gzFile f, const std::string& path, size_t len, size_t offset,
+                                  const char* what) {
+  constexpr size_t kPiece = size_t(16) << 20;
+  std::vector<uint8_t> out;
+  while (out.size() < len) {
+    const size_t done = out.size();
+    const size_t piece = std::min(len - done, kPiece);
+    out.resize(done + piece);
+    read_exact(f, path, out.data() + done, piece, offset + done, what);
+  }
+  return out;
+}
+
 uint32_t read_be32(gzFile f, const std::string& path, size_t offset, const char* what) {
   unsigned char b[4];
   read_exact(f, path, b, 4, offset, what);
@@ -116,9 +133,11 @@ at::Tensor read_idx_images(const std::string& path) {
       << ", expected at least one image of 28x28";
     fail(path, s.str());
   }
+  const size_t len = size_t(n) * rows * cols;
+  const std::vector<uint8_t> pixels = read_payload(f.get(), path, len, 16, "pixels");
+  expect_end(f.get(), path, 16 + len);
   at::Tensor images = at::empty({int64_t(n), int64_t(rows), int64_t(cols)}, at::kByte);
-  read_exact(f.get(), path, images.data_ptr<uint8_t>(), size_t(n) * rows * cols, 16, "pixels");
-  expect_end(f.get(), path, 16 + size_t(n) * rows * cols);
+  std::memcpy(images.data_ptr<uint8_t>(), pixels.data(), len);
   return images;
 }
 
@@ -127,8 +146,7 @@ at::Tensor read_idx_labels(const std::string& path) {
   expect_magic(read_be32(f.get(), path, 0, "header"), kLabelsMagic, path);
   const uint32_t n = read_be32(f.get(), path, 4, "header");
   if (n == 0) fail(path, "header says 0 labels");
-  std::vector<uint8_t> bytes(n);
-  read_exact(f.get(), path, bytes.data(), n, 8, "labels");
+  std::vector<uint8_t> bytes = read_payload(f.get(), path, n, 8, "labels");
   expect_end(f.get(), path, 8 + size_t(n));
   for (uint32_t i = 0; i < n; ++i) {
     if (bytes[i] >= kNumClasses) {

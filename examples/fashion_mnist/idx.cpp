@@ -48,9 +48,10 @@ GzFile open_gz(const std::string& path) {
   return GzFile(f);
 }
 
-// Reads exactly `len` bytes, or fails saying how many were there.
+// Reads exactly `len` bytes, or fails saying how many were there; `end`, when given, is
+// where the whole part being read ends (for the message).
 void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t offset,
-                const char* what) {
+                const char* what, size_t end = 0) {
   size_t done = 0;
   while (done < len) {
     const unsigned chunk = static_cast<unsigned>(std::min<size_t>(len - done, 1u << 30));
@@ -65,7 +66,8 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
     }
     if (n == 0) {
       std::ostringstream s;
-      s << "truncated: it should hold bytes " << offset << ".." << offset + len << " (the " << what
+      s << "truncated: it should hold bytes " << offset << ".." << (end ? end : offset + len)
+        << " (the " << what
         << "), but its data end after " << offset + done << " bytes";
       fail(path, s.str());
     }
@@ -84,7 +86,7 @@ std::vector<uint8_t> read_payload(gzFile f, const std::string& path, size_t len,
     const size_t done = out.size();
     const size_t piece = std::min(len - done, kPiece);
     out.resize(done + piece);
-    read_exact(f, path, out.data() + done, piece, offset + done, what);
+    read_exact(f, path, out.data() + done, piece, offset + done, what, offset + len);
   }
   return out;
 }

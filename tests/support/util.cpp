@@ -67,7 +67,9 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const at::Tensor ca = a.contiguous().cpu();
   const at::Tensor cb = b.contiguous().cpu();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+  // An empty tensor's data pointer may be null, which memcmp must not be given even for
+  // zero bytes (UBSan's report).
+  return ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
 }
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {

@@ -80,11 +80,12 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
 // labels is refused as truncated after reading it, without a 4 GB allocation first.
 std::vector<uint8_t> read_payload(gzFile f, const std::string& path, size_t len, size_t offset,
                                   const char* what) {
-  constexpr size_t kPiece = size_t(16) << 20;
+  constexpr size_t kFirstPiece = size_t(64) << 10;
   std::vector<uint8_t> out;
   while (out.size() < len) {
     const size_t done = out.size();
-    const size_t piece = std::min(len - done, kPiece);
+    // Pieces double with what was read: at most twice the data there is, in few reads.
+    const size_t piece = std::min(len - done, std::max(kFirstPiece, done));
     out.resize(done + piece);
     read_exact(f, path, out.data() + done, piece, offset + done, what, offset + len);
   }

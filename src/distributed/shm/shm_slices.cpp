@@ -101,13 +101,15 @@ void Transport::run(const Call& call) {
     size_t part_begin = 0, part_end = 0;
     if (call.kind == Kind::kAllReduce)
       std::tie(part_begin, part_end) = partition(len / esize, esize);
+    // (An empty tensor's data pointer may be null: memcpy must not see it, even for 0 bytes.)
     if (call.kind == Kind::kAllReduce) {
       // Only what the peers reduce: this rank reads its own partition from its own buffer.
-      std::memcpy(my_in, my_data, part_begin * esize);
-      std::memcpy(my_in + part_end * esize, my_data + part_end * esize, len - part_end * esize);
-    } else if (call.kind == Kind::kBroadcast && me == call.root) {
+      if (part_begin > 0) std::memcpy(my_in, my_data, part_begin * esize);
+      if (len > part_end * esize)
+        std::memcpy(my_in + part_end * esize, my_data + part_end * esize, len - part_end * esize);
+    } else if (call.kind == Kind::kBroadcast && me == call.root && len > 0) {
       std::memcpy(my_in, static_cast<const unsigned char*>(call.data) + offset, len);
-    } else if (call.kind == Kind::kAllGather) {
+    } else if (call.kind == Kind::kAllGather && len > 0) {
       std::memcpy(my_in, static_cast<const unsigned char*>(call.input) + offset, len);
     }
     publish();
@@ -135,12 +137,13 @@ void Transport::run(const Call& call) {
     // C: the result out.
     if (call.kind == Kind::kAllReduce) {
       const unsigned char* result = result_area(slot);
-      std::memcpy(my_data, result, part_begin * esize);
-      std::memcpy(my_data + part_end * esize, result + part_end * esize, len - part_end * esize);
-    } else if (call.kind == Kind::kBroadcast && me != call.root) {
+      if (part_begin > 0) std::memcpy(my_data, result, part_begin * esize);
+      if (len > part_end * esize)
+        std::memcpy(my_data + part_end * esize, result + part_end * esize, len - part_end * esize);
+    } else if (call.kind == Kind::kBroadcast && me != call.root && len > 0) {
       std::memcpy(static_cast<unsigned char*>(call.data) + offset, input_area(slot, call.root),
                   len);
-    } else if (call.kind == Kind::kAllGather) {
+    } else if (call.kind == Kind::kAllGather && len > 0) {
       for (int r = 0; r < n; ++r) {
         std::memcpy(static_cast<unsigned char*>((*call.outputs)[static_cast<size_t>(r)]) + offset,
                     input_area(slot, r), len);

@@ -67,8 +67,7 @@ void read_exact(gzFile f, const std::string& path, void* out, size_t len, size_t
     if (n == 0) {
       std::ostringstream s;
       s << "truncated: it should hold bytes " << offset << ".." << (end ? end : offset + len)
-        << " (the " << what
-        << "), but its data end after " << offset + done << " bytes";
+        << " (the " << what << "), but its data end after " << offset + done << " bytes";
       fail(path, s.str());
     }
     done += static_cast<size_t>(n);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -42,6 +43,14 @@ inline std::string escaped(const std::string& s, size_t max = 200) {
   }
   if (s.size() > max) out += "...";
   return out;
+}
+
+// A refusal must say which file it is about: its message names `file`.
+inline void expect_names_file(const std::exception& e, const std::string& file) {
+  const std::string message = e.what();
+  if (message.find(file) == std::string::npos)
+    check_failed("message names the file",
+                 "a refusal that does not name the file: " + escaped(message), __FILE__, __LINE__);
 }
 
 // For readers that take a path: a folder of this process's own, made once under $TMPDIR

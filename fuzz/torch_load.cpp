@@ -31,11 +31,7 @@ namespace {
 
 const char kWhere[] = "fuzz input";
 
-void refused(const std::exception& e) {
-  const std::string message = e.what();
-  FUZZ_CHECK(message.find(kWhere) != std::string::npos,
-             "a refusal that does not name the file: " + ddp_fuzz::escaped(message));
-}
+void refused(const std::exception& e) { ddp_fuzz::expect_names_file(e, kWhere); }
 
 // A model and an optimizer that has taken one step (so it has state to compare).
 struct Trained {

@@ -249,19 +249,24 @@ class C10dStore final : public Store {
     store_set_on(*store_, key, value);
   }
   std::optional<std::string> try_get(const std::string& key) override {
-    if (signed_) return signed_->try_get(prefix_.empty() ? key : prefix_ + "/" + key);
+    if (signed_) return signed_->try_get(full_name(key));
     return store_try_get_on(*store_, key);
   }
   bool refused(const std::string& key) override {
-    return signed_ && signed_->refused(prefix_.empty() ? key : prefix_ + "/" + key);
+    return signed_ && signed_->refused(full_name(key));
   }
   std::shared_ptr<Store> prefixed(const std::string& prefix) override {
     return std::make_shared<C10dStore>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
-                                       signed_, prefix_.empty() ? prefix : prefix_ + "/" + prefix);
+                                       signed_, full_name(prefix));
   }
   const c10::intrusive_ptr<c10d::Store>& get() const { return store_; }
 
  private:
+  // `key`'s name in the store below every prefix, as PrefixStore joins them.
+  std::string full_name(const std::string& key) const {
+    return prefix_.empty() ? key : prefix_ + "/" + key;
+  }
+
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<SignedStore> signed_;
   std::string prefix_;

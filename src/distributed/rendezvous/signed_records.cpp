@@ -26,22 +26,16 @@
 // records, which then wait for the real ones.
 #include "distributed/rendezvous/signed_records.h"
 
+#include "distributed/rendezvous/rendezvous.h"
 #include "secret/job_secret.h"
 
 #include <ddp/errors.h>
-
-#include <cstdlib>
 
 namespace ddp {
 namespace detail {
 namespace {
 
 secret::Bytes bytes_of(const std::string& s) { return secret::Bytes(s.begin(), s.end()); }
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 }  // namespace
 
@@ -81,18 +75,17 @@ std::optional<std::string> RecordSigner::open(const std::string& key,
 }
 
 std::shared_ptr<const RecordSigner> signer_from_environment(int rank) {
-  const std::string path = env_or_empty("DDP_SECRET_FILE");
-  if (path.empty()) return nullptr;
+  const auto path = env_string("DDP_SECRET_FILE");
+  if (!path) return nullptr;
   secret::Bytes secret;
   std::string error;
-  if (!secret::load_secret_file(path, secret, error, "DDP_SECRET_FILE")) {
+  if (!secret::load_secret_file(*path, secret, error, "DDP_SECRET_FILE")) {
     throw ProcessGroupError("rank " + std::to_string(rank) + ": " + error);
   }
   // ddprun sets both; a launcher that sets neither gets one key for every attempt.
-  std::string run_id = env_or_empty("DDP_RUN_ID");
-  if (run_id.empty()) run_id = env_or_empty("TORCHELASTIC_RUN_ID");
-  const std::string restarts = env_or_empty("TORCHELASTIC_RESTART_COUNT");
-  const int attempt = restarts.empty() ? 0 : std::atoi(restarts.c_str());
+  const std::string run_id =
+      env_string("DDP_RUN_ID").value_or(env_string("TORCHELASTIC_RUN_ID").value_or(""));
+  const int attempt = env_int("TORCHELASTIC_RESTART_COUNT").value_or(0);
   return RecordSigner::for_attempt(std::string(secret.begin(), secret.end()), run_id, attempt);
 }
 

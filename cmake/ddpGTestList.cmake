@@ -1,8 +1,11 @@
 # Run by CTest before the tests (ddp_gtest_tests in tests/CMakeLists.txt): lists a test
-# binary's GoogleTest cases and writes one CTest test for each, except that the instances
-# of a parametrized test (Suite.Name/0, Suite.Name/1, ...) become one test, Suite.Name,
-# that runs them all in one process. A test process pays LibTorch's start-up (about 0.4 s
-# on 2 cores) before its first line; per instance that was most of a minute of the suite.
+# binary's GoogleTest cases and writes CTest tests for them. A test process pays LibTorch's
+# start-up (about 0.5 s on 2 cores) before its first line, so cases share processes:
+# - the instances of a parametrized test (Suite.Name/0, Suite.Name/1, ...) become one test,
+#   Suite.Name, that runs them all in one process;
+# - with LABELS "unit" (cases of well under a second each), every case of a suite runs in
+#   one test, Suite.*: per case, the start-up was about 40% of the unit tests' time. A
+#   failure still names its case in the test's output.
 #
 # -D: EXE, FILTER (a --gtest_filter), LABELS, TIMEOUT (seconds, one case), OUT (the file
 # written), WORKDIR.
@@ -25,7 +28,10 @@ foreach(line IN LISTS lines)
     if(test MATCHES "^DISABLED_" OR suite MATCHES "^DISABLED_")
       continue()
     endif()
-    if(test MATCHES "^([^/]+)/.+$")
+    if(LABELS STREQUAL "unit" AND FILTER MATCHES "^-")
+      set(name "${suite}.*")
+      set(filter "${name}${FILTER}")  # the suite, less what FILTER leaves out
+    elseif(test MATCHES "^([^/]+)/.+$")
       set(name "${suite}.${CMAKE_MATCH_1}")
       set(filter "${name}/*")
     else()

@@ -52,15 +52,12 @@ at::Tensor gradient(const Case& c, int step) {
   return g;
 }
 
-}  // namespace
+constexpr double kLr = 0.1;
 
-class GradScalerPythonTest : public ::testing::TestWithParam<Case> {};
+at::Tensor initial_weights() { return ddp_test::randn({6}, 299); }
 
-TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
-  const Case& c = GetParam();
-  constexpr double kLr = 0.1;
-  const at::Tensor w0 = ddp_test::randn({6}, 299);
-
+json spec_of(const Case& c) {
+  const at::Tensor w0 = initial_weights();
   json spec;
   spec["init_scale"] = c.options.init_scale();
   spec["growth_factor"] = c.options.growth_factor();
@@ -74,15 +71,71 @@ TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
     for (int64_t i = 0; i < g.numel(); ++i) row.push_back(number_or_name(g[i].item<float>()));
     spec["steps"].push_back(row);
   }
-  ddp_test::TempDir dir;
-  std::ofstream(dir.file("spec.json")) << spec.dump();
-  std::string output;
-  const int rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                           "/tests/amp/python/grad_scaler_reference.py sequence " +
-                                           dir.file("spec.json") + " " + dir.file("out.json"),
-                                       &output);
-  ASSERT_EQ(rc, 0) << output;
-  std::ifstream in(dir.file("out.json"));
+  return spec;
+}
+
+const std::vector<Case> kCases = {
+    // Defaults but a short growth interval; inf, NaN, -inf, and a gradient of 1e34
+    // that overflows float32 once scaled.
+    Case{"defaults",
+         GradScalerOptions().growth_interval(3),
+         16,
+         {{1, kInf}, {5, kNaN}, {6, -kInf}, {10, 1e34f}}},
+    // Neither scale nor factors powers of two: rounding of the unscaled gradient and
+    // of the scale updates shows.
+    Case{
+        "odd_factors",
+        GradScalerOptions().init_scale(1000).growth_factor(1.5).backoff_factor(0.7).growth_interval(
+            2),
+        14,
+        {{0, kInf}, {4, kNaN}, {5, kNaN}, {9, -kInf}},
+        3.7f},
+    // Growth would pass float32's largest value: the scale stays.
+    Case{"top_of_range",
+         GradScalerOptions().init_scale(std::ldexp(1.0, 126)).growth_interval(1),
+         6,
+         {{3, kInf}},
+         0.01f},
+    // Every gradient large: the scaler backs off until it fits.
+    Case{"backs_off", GradScalerOptions().init_scale(std::ldexp(1.0, 24)), 12, {{2, kNaN}}, 1e33f}};
+
+}  // namespace
+
+// Python runs every case in one process (its start-up, torch's import, is most of a
+// case) before the first; each case then runs the C++ scaler and compares.
+class GradScalerPythonTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ddp_test::TempDir();
+    output_ = new std::string();
+    std::string args;
+    for (const Case& c : kCases) {
+      std::ofstream(dir_->file(c.name + ".spec.json")) << spec_of(c).dump();
+      args += " " + dir_->file(c.name + ".spec.json") + " " + dir_->file(c.name + ".out.json");
+    }
+    rc_ = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                    "/tests/amp/python/grad_scaler_reference.py sequence" + args,
+                                output_);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete output_;
+    dir_ = nullptr;
+    output_ = nullptr;
+  }
+  static ddp_test::TempDir* dir_;
+  static std::string* output_;
+  static int rc_;
+};
+ddp_test::TempDir* GradScalerPythonTest::dir_ = nullptr;
+std::string* GradScalerPythonTest::output_ = nullptr;
+int GradScalerPythonTest::rc_ = 0;
+
+TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
+  const Case& c = GetParam();
+  const at::Tensor w0 = initial_weights();
+  ASSERT_EQ(rc_, 0) << *output_;
+  std::ifstream in(dir_->file(c.name + ".out.json"));
   const json py = json::parse(in);
   if (!py["available"].get<bool>()) {
     GTEST_SKIP() << "torch " << py["torch"].get<std::string>() << " (" << DDP_TEST_PYTHON
@@ -129,38 +182,7 @@ TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, GradScalerPythonTest,
-    ::testing::Values(
-        // Defaults but a short growth interval; inf, NaN, -inf, and a gradient of 1e34
-        // that overflows float32 once scaled.
-        Case{"defaults",
-             GradScalerOptions().growth_interval(3),
-             16,
-             {{1, kInf}, {5, kNaN}, {6, -kInf}, {10, 1e34f}}},
-        // Neither scale nor factors powers of two: rounding of the unscaled gradient and
-        // of the scale updates shows.
-        Case{"odd_factors",
-             GradScalerOptions()
-                 .init_scale(1000)
-                 .growth_factor(1.5)
-                 .backoff_factor(0.7)
-                 .growth_interval(2),
-             14,
-             {{0, kInf}, {4, kNaN}, {5, kNaN}, {9, -kInf}},
-             3.7f},
-        // Growth would pass float32's largest value: the scale stays.
-        Case{"top_of_range",
-             GradScalerOptions().init_scale(std::ldexp(1.0, 126)).growth_interval(1),
-             6,
-             {{3, kInf}},
-             0.01f},
-        // Every gradient large: the scaler backs off until it fits.
-        Case{"backs_off",
-             GradScalerOptions().init_scale(std::ldexp(1.0, 24)),
-             12,
-             {{2, kNaN}},
-             1e33f}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cases, GradScalerPythonTest, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace amp_python_test

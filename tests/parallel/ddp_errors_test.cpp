@@ -225,7 +225,7 @@ TEST(MismatchTest, ExtraParameterAndDifferentOptions) {
 }
 
 TEST(MismatchTest, RankThatNeverConstructsGivesTimeoutOnTheOthers) {
-  const auto timeout = std::chrono::seconds(5);
+  const auto timeout = std::chrono::seconds(3);
   Latch done(3);
   const auto start = std::chrono::steady_clock::now();
   run_thread_groups(

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sys/stat.h>
 #include <sstream>
 
 // Its own namespace, so that names local to this file stay apart from other files'
@@ -381,27 +382,62 @@ TEST(PowerSGDTest, LoadStateDictRefusesAnotherModelOrRank) {
   EXPECT_ERROR_HAS(ddp_test::error_of([&] { state.load_state_dict(partial, *model); }), "no 'rng'");
 }
 
-class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {};
+// Seven runs against PyTorch. Python's start-up (torch's import) is most of a run, so
+// one Python process trains all seven (powersgd_peer.py takes them in a row), each
+// in a folder of its own, before the first case; each case then trains its run here
+// and compares.
+const std::vector<PsgdRun> kPythonRuns = {PsgdRun{2, 1, true, false},  PsgdRun{2, 4, true, false},
+                                          PsgdRun{2, 1, false, false}, PsgdRun{2, 4, false, false},
+                                          PsgdRun{3, 1, true, false},  PsgdRun{3, 4, false, false},
+                                          PsgdRun{2, 4, true, true}};
+
+std::string run_name(const PsgdRun& r) {
+  return "world" + std::to_string(r.world) + "_rank" + std::to_string(r.rank) +
+         (r.ef_warm ? "_ef_warm" : "_plain") + (r.bucket_view ? "_bucket_view" : "");
+}
+
+class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ddp_test::TempDir();
+    std::string args;
+    for (const PsgdRun& run : kPythonRuns) {
+      const std::string d = dir_->file(run_name(run));
+      ASSERT_EQ(::mkdir(d.c_str(), 0700), 0) << d;
+      const Data data = make_data(run.world, run.steps);
+      ddp_test::write_floats(d + "/init.bin", data.init);
+      ddp_test::write_floats(d + "/x.bin", data.x);
+      ddp_test::write_floats(d + "/y.bin", data.y);
+      args += " " + d + " " + std::to_string(run.world) + " " + std::to_string(run.rank) + " " +
+              std::to_string(int(run.ef_warm)) + " " + std::to_string(int(run.bucket_view)) + " " +
+              std::to_string(run.steps);
+    }
+    output_ = new std::string();
+    rc_ = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                    "/tests/parallel/python/powersgd_peer.py" + args + " 2>&1",
+                                output_);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete output_;
+    dir_ = nullptr;
+    output_ = nullptr;
+  }
+  static ddp_test::TempDir* dir_;
+  static std::string* output_;
+  static int rc_;
+};
+ddp_test::TempDir* PowerSGDPythonTest::dir_ = nullptr;
+std::string* PowerSGDPythonTest::output_ = nullptr;
+int PowerSGDPythonTest::rc_ = 0;
 
 TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
   const PsgdRun run = GetParam();
+  if (rc_ == 3) GTEST_SKIP() << *output_;
+  ASSERT_EQ(rc_, 0) << *output_;
   const Data d = make_data(run.world, run.steps);
-  ddp_test::TempDir dir;
-  ddp_test::write_floats(dir.file("init.bin"), d.init);
-  ddp_test::write_floats(dir.file("x.bin"), d.x);
-  ddp_test::write_floats(dir.file("y.bin"), d.y);
-  std::string output;
-  const int rc =
-      ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                "/tests/parallel/python/powersgd_peer.py " + dir.path() + " " +
-                                std::to_string(run.world) + " " + std::to_string(run.rank) + " " +
-                                std::to_string(int(run.ef_warm)) + " " +
-                                std::to_string(int(run.bucket_view)) + " " +
-                                std::to_string(run.steps) + " 2>&1",
-                            &output);
-  if (rc == 3) GTEST_SKIP() << output;
-  ASSERT_EQ(rc, 0) << output;
-  const at::Tensor py = ddp_test::read_floats(dir.file("py.bin"), {d.init.numel()});
+  const std::string dir = dir_->file(run_name(run));
+  const at::Tensor py = ddp_test::read_floats(dir + "/py.bin", {d.init.numel()});
   std::vector<int64_t> stats;
   const at::Tensor cpp = train(run, d.init, d.x, d.y, true, &stats);
   const double diff = (cpp - py).abs().max().item<double>();
@@ -416,25 +452,15 @@ TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
     EXPECT_LT(diff, 1e-6);
   }
   EXPECT_GT((py - d.init).abs().max().item<double>(), 1e-2);
-  std::ifstream f(dir.file("py_stats.txt"));
+  std::ifstream f(dir + "/py_stats.txt");
   int64_t iter = 0, before = 0, after = 0;
   f >> iter >> before >> after;
   EXPECT_EQ(stats, (std::vector<int64_t>{iter, before, after}));
 }
 
-// Seven runs against PyTorch, each starting Python ranks (torch's import is most of
-// it): together, as CTest runs them in one process (cmake/ddpGTestList.cmake), about
-// 2 minutes on 2 cores.
-INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDPythonTest,
-                         ::testing::Values(PsgdRun{2, 1, true, false}, PsgdRun{2, 4, true, false},
-                                           PsgdRun{2, 1, false, false}, PsgdRun{2, 4, false, false},
-                                           PsgdRun{3, 1, true, false}, PsgdRun{3, 4, false, false},
-                                           PsgdRun{2, 4, true, true}),
+INSTANTIATE_TEST_SUITE_P(Cases, PowerSGDPythonTest, ::testing::ValuesIn(kPythonRuns),
                          [](const ::testing::TestParamInfo<PsgdRun>& info) {
-                           const PsgdRun& r = info.param;
-                           return "world" + std::to_string(r.world) + "_rank" +
-                                  std::to_string(r.rank) + (r.ef_warm ? "_ef_warm" : "_plain") +
-                                  (r.bucket_view ? "_bucket_view" : "");
+                           return run_name(info.param);
                          });
 
 }  // namespace powersgd_test

@@ -27,17 +27,13 @@
 
 namespace ddprun {
 
-constexpr double kPingInterval = 2.0;
-constexpr double kPeerTimeout = 30.0;
+// The pings' interval and the time after which a silent peer is lost are the job's
+// (Options::keep_alive_interval, Options::peer_timeout and Options::takeover_window).
 constexpr size_t kMaxMessage = 4096;
 // A connection not yet joined: how long it may take to authenticate (or to say hello),
 // and how many may be under way at once on the coordinator (more are closed at once).
 constexpr double kHandshakeTimeout = 5.0;
 constexpr size_t kMaxUnjoined = 32;
-// After the coordinator is lost: how long the others wait for the next one to listen,
-// and how long a new coordinator waits for the others to rejoin. Longer than
-// kPeerTimeout, since a host may see the loss that much later than another.
-constexpr double kTakeoverWindow = kPeerTimeout + 10;
 
 // One TCP connection carrying text lines; with the job's secret, authenticated.
 class Connection {

@@ -22,11 +22,12 @@ namespace {
 // turns to the lowest node rank left among the last attempt's members, which is the
 // group 0 of the next attempt: that host listens on its own address at --rdzv-port and
 // takes over the job policy (JobPolicy::take_over); every other member connects there
-// and rejoins, trying for kTakeoverWindow before it turns to the next node rank. The
-// workers' MASTER_ADDR becomes the new coordinator's address. Whether the job goes on
-// is the quorum rule's (Note [A quorum of the last attempt]), so that two sides of a
-// network split never both do; a member checks it first with what it knows, and stops
-// with the cause and the command to resume when it cannot hold.
+// and rejoins, trying for the takeover window (Options::takeover_window) before it
+// turns to the next node rank. The workers' MASTER_ADDR becomes the new coordinator's
+// address. Whether the job goes on is the quorum rule's (Note [A quorum of the last
+// attempt]), so that two sides of a network split never both do; a member checks it
+// first with what it knows, and stops with the cause and the command to resume when it
+// cannot hold.
 class AgentCoordinator : public Coordinator {
  public:
   // `rejoin`: this host connects to a new coordinator after the old one was lost.
@@ -34,7 +35,7 @@ class AgentCoordinator : public Coordinator {
       : o_(o),
         conn_(std::make_unique<Connection>(fd, secret(), auth::Role::Agent)),
         join_deadline_(join_deadline),
-        retry_until_(rejoin ? now_seconds() + kTakeoverWindow : join_deadline),
+        retry_until_(rejoin ? now_seconds() + o.takeover_window() : join_deadline),
         where_(o.master_addr + ":" + std::to_string(o.rdzv_port)) {
     if (rejoin) {
       view_ = *rejoin;
@@ -109,8 +110,9 @@ class AgentCoordinator : public Coordinator {
                                     " s; are all " + std::to_string(o_.nnodes) + " hosts started?");
       return;
     }
-    if (now - conn_->last_sent >= kPingInterval) send(encode(AgentMessage::ping()));
-    if (now - conn_->last_received > kPeerTimeout) lost("stopped answering");
+    if (now - conn_->last_sent >= o_.keep_alive_interval) send(encode(AgentMessage::ping()));
+    if (now - conn_->last_received > o_.peer_timeout())
+      lost("stopped answering (silent for " + seconds_text(o_.peer_timeout()) + ")");
   }
 
   void shutdown(double timeout_s) override {
@@ -254,7 +256,7 @@ class AgentCoordinator : public Coordinator {
     failing_over_ = true;
     failover_attempt_ = view_.attempt + 1;
     lost_why_ = "its ddprun " + how + " (host down, ddprun killed, or network lost)";
-    deadline_ = now_seconds() + kTakeoverWindow;
+    deadline_ = now_seconds() + o_.takeover_window();
     std::cerr << "ddprun: " << cause << "; node " << candidates_[0]
               << " (the lowest node rank left) takes over as the coordinator\n";
     Decision d;
@@ -338,9 +340,9 @@ class AgentCoordinator : public Coordinator {
     next_try_ = now + 0.5;
     if (now < deadline_) return;
     std::cerr << "ddprun: node " << c << " at " << addr << " did not take over within "
-              << static_cast<int>(kTakeoverWindow) << " s (" << error << ")\n";
+              << seconds_text(o_.takeover_window()) << " (" << error << ")\n";
     ++candidate_;
-    deadline_ = now + kTakeoverWindow;
+    deadline_ = now + o_.takeover_window();
   }
 
   void adopt(std::unique_ptr<Coordinator> next) {

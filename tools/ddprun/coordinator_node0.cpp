@@ -38,7 +38,7 @@ class Node0Coordinator : public DecidingCoordinator {
     gone.insert(v.coordinator);
     for (int n : v.members)
       if (!gone.count(n) && n != self()) awaited_.insert(n);
-    rejoin_deadline_ = now_seconds() + kTakeoverWindow;
+    rejoin_deadline_ = now_seconds() + o_.takeover_window();
     lost_coordinator_ = v.coordinator;
     std::cerr << "ddprun: node " << self() << " takes over as the coordinator at " << o_.master_addr
               << ":" << o_.rdzv_port << " (node " << v.coordinator << " was lost); a host that "
@@ -91,9 +91,8 @@ class Node0Coordinator : public DecidingCoordinator {
       awaited_.clear();
       for (int node : late)
         handle(Event::node_lost(node, "it did not rejoin within " +
-                                          std::to_string(static_cast<int>(kTakeoverWindow)) +
-                                          " s after node " + std::to_string(lost_coordinator_) +
-                                          " was lost"));
+                                          seconds_text(o_.takeover_window()) + " after node " +
+                                          std::to_string(lost_coordinator_) + " was lost"));
     }
     if (last_call_at_ > 0 && now >= last_call_at_) {
       last_call_at_ = 0;
@@ -118,8 +117,9 @@ class Node0Coordinator : public DecidingCoordinator {
     }
     std::vector<int> silent;
     for (auto& [key, conn] : conns_) {
-      if (now - conn->last_sent >= kPingInterval) conn->send_line(encode(Node0Message::ping()));
-      if (now - conn->last_received > kPeerTimeout) silent.push_back(key);
+      if (now - conn->last_sent >= o_.keep_alive_interval)
+        conn->send_line(encode(Node0Message::ping()));
+      if (now - conn->last_received > o_.peer_timeout()) silent.push_back(key);
     }
     for (int key : silent) lost(key, "stopped answering");
   }
@@ -373,7 +373,7 @@ class Node0Coordinator : public DecidingCoordinator {
       drop.code = kExitLinkLost;
       drop.node = key;
       drop.why = "node " + std::to_string(self()) + " heard nothing from this host for " +
-                 std::to_string(static_cast<int>(kPeerTimeout)) + " s and goes on without it";
+                 seconds_text(o_.peer_timeout()) + " and goes on without it";
       it->second->send_line(encode(Node0Message::order(drop)));
     }
     conns_.erase(key);

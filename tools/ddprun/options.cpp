@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 
 #include "sysinfo.h"
 
@@ -162,10 +163,15 @@ void parse_rdzv_conf(Options& o, const std::string& conf) {
       o.last_call_timeout = to_seconds(flag, value, true);
     else if (key == "close_timeout")
       o.close_timeout = to_seconds(flag, value, true);
+    else if (key == "keep_alive_interval")
+      o.keep_alive_interval = to_seconds(flag, value, false);
+    else if (key == "keep_alive_max_attempt")
+      o.keep_alive_max_attempt =
+          to_int(flag, value, 1, 100000, "Example: --rdzv-conf keep_alive_max_attempt=15");
     else
       throw UsageError{"--rdzv-conf: unknown key '" + key +
-                       "'. ddprun takes join_timeout, "
-                       "last_call_timeout and close_timeout (seconds)."};
+                       "'. ddprun takes join_timeout, last_call_timeout, close_timeout, "
+                       "keep_alive_interval (seconds) and keep_alive_max_attempt."};
   }
 }
 
@@ -505,6 +511,12 @@ bool Options::shows_local_rank(int local_rank) const {
   for (int r : local_ranks_filter)
     if (r == local_rank) return true;
   return false;
+}
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds << " s";
+  return text.str();
 }
 
 }  // namespace ddprun

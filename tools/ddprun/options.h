@@ -32,8 +32,18 @@ struct Options {
   // Rendezvous: "static" (node ranks from --node-rank) or "c10d" (node ranks in join
   // order; node 0 is the host that can listen on --rdzv-endpoint).
   std::string rdzv_backend = "static";
-  double last_call_timeout = 30;        // --rdzv-conf; for MIN:MAX membership
-  double close_timeout = 30;            // --rdzv-conf
+  double last_call_timeout = 30;  // --rdzv-conf; for MIN:MAX membership
+  double close_timeout = 30;      // --rdzv-conf
+  // --rdzv-conf keep_alive_interval and keep_alive_max_attempt (torchrun's keys): every
+  // ddprun pings its peers each interval, and a peer silent for interval * max_attempt
+  // seconds (peer_timeout) is lost. Every host of a job must be given the same values.
+  double keep_alive_interval = 2;
+  int keep_alive_max_attempt = 15;
+  double peer_timeout() const { return keep_alive_interval * keep_alive_max_attempt; }
+  // After the coordinator is lost: how long the others wait for the next one to listen,
+  // and how long a new coordinator waits for the others to rejoin. Longer than
+  // peer_timeout(), since a host may see the loss that much later than another.
+  double takeover_window() const { return peer_timeout() + 10; }
   std::string role = "default";         // ROLE_NAME
   std::vector<int> local_ranks_filter;  // local ranks shown on the console; empty: all
   std::vector<std::string> command;
@@ -55,5 +65,8 @@ struct Options {
 // returns nullopt with exit_code set (0 for --help, 2 for usage errors,
 // 126/127 for a program that cannot be run).
 std::optional<Options> parse_options(int argc, char** argv, int& exit_code);
+
+// "30 s", "1.5 s": a number of seconds for messages.
+std::string seconds_text(double seconds);
 
 }  // namespace ddprun

@@ -1,7 +1,7 @@
 """PyTorch's side of tests/amp/amp_python_test.cpp.
 
-  grad_scaler_reference.py sequence SPEC_JSON OUT_JSON
-      Runs torch.amp.GradScaler("cpu") over the gradient sequence in SPEC_JSON: a parameter
+  grad_scaler_reference.py sequence SPEC_JSON OUT_JSON [SPEC_JSON OUT_JSON ...]
+      For each pair, runs torch.amp.GradScaler("cpu") over the gradient sequence in SPEC_JSON: a parameter
       w (float32, "w0"), SGD with "lr", and per step the loss sum(w * c) for the step's c
       (numbers, or "inf", "-inf", "nan"), through scaler.scale(loss).backward(),
       scaler.step(opt), scaler.update(). Writes per step the scale, the growth tracker and
@@ -54,7 +54,8 @@ def sequence(spec_path, out_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "sequence":
-        sequence(sys.argv[2], sys.argv[3])
+    if len(sys.argv) >= 4 and len(sys.argv) % 2 == 0 and sys.argv[1] == "sequence":
+        for i in range(2, len(sys.argv), 2):
+            sequence(sys.argv[i], sys.argv[i + 1])
     else:
         sys.exit(__doc__)

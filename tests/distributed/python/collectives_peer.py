@@ -140,7 +140,9 @@ def main():
         # 1.13's Gloo has no reduce_scatter and no bfloat16 reductions.
         print("PyTorch %s: the cases need PyTorch 2's Gloo" % torch.__version__)
         sys.exit(3)
-    mp.spawn(worker, args=(d, world), nprocs=world, join=True)
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
+    mp.start_processes(worker, args=(d, world), nprocs=world, start_method="fork")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ def main():
     except ImportError:
         print("this PyTorch (%s) has no init_device_mesh" % torch.__version__)
         sys.exit(3)
-    mp.spawn(worker, args=(d, shape), nprocs=shape[0] * shape[1], join=True)
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
+    mp.start_processes(worker, args=(d, shape), nprocs=shape[0] * shape[1], start_method="fork")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """PyTorch's DistributedDataParallel on the data of ddp_python_test.cpp.
 
-  ddp_peer.py DIR MODE WORLD PER_RANK STEPS
+  ddp_peer.py DIR MODES WORLD PER_RANK STEPS
 
 Reads DIR/init.bin (flat float32 parameters) and DIR/x.bin, DIR/y.bin (float32, [STEPS,
-WORLD * PER_RANK, 8] and [..., 4]), trains the test's MLP with DDP in WORLD processes
+WORLD * PER_RANK, 8] and [..., 4]) and, for each mode of MODES (comma-separated: default,
+bucket_view, no_sync, no_sync_view), trains the test's MLP with DDP in WORLD processes
 (Gloo, FileStore in DIR) exactly as the C++ scenario does, and writes each rank's final
-parameters to DIR/py.rank<r>.bin. MODE is default, bucket_view, no_sync or no_sync_view.
+parameters to DIR/py.<mode>.rank<r>.bin. The modes share one group and one start-up.
 """
 
 import gc
@@ -42,10 +43,20 @@ def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def worker(rank, d, mode, world, per_rank, steps):
+def worker(rank, d, modes, world, per_rank, steps):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "pystore"),
                             rank=rank, world_size=world)
+    for mode in modes:
+        train(rank, d, mode, world, per_rank, steps)
+    # Every rank is done before any releases its group: PyTorch 2.x's Gloo can abort a
+    # process whose peer tears down its connections while it still has work queued.
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def train(rank, d, mode, world, per_rank, steps):
     bucket_view = mode in ("bucket_view", "no_sync_view")
     no_sync = mode in ("no_sync", "no_sync_view")
     model = Mlp()
@@ -72,23 +83,22 @@ def worker(rank, d, mode, world, per_rank, steps):
         else:
             F.mse_loss(ddp(xs), ys).backward()
         opt.step()
-    flat(model).numpy().tofile(os.path.join(d, "py.rank%d.bin" % rank))
-    # Every rank is done before any releases its group: PyTorch 2.x's Gloo can abort a
-    # process whose peer tears down its connections while it still has work queued. The
-    # DDP wrapper holds the group, so it goes first: the group is released here, not at
-    # the interpreter's exit.
+    flat(model).numpy().tofile(os.path.join(d, "py.%s.rank%d.bin" % (mode, rank)))
+    # The next mode's DDP wrapper must not meet this one's hooks or buckets.
     dist.barrier()
     del ddp
-    gc.collect()
-    dist.destroy_process_group()
 
 
 def main():
-    d, mode = sys.argv[1], sys.argv[2]
+    d, modes = sys.argv[1], sys.argv[2].split(",")
     world, per_rank, steps = (int(a) for a in sys.argv[3:6])
-    if mode not in ("default", "bucket_view", "no_sync", "no_sync_view"):
-        sys.exit("ddp_peer.py: unknown mode %r" % mode)
-    mp.spawn(worker, args=(d, mode, world, per_rank, steps), nprocs=world, join=True)
+    for mode in modes:
+        if mode not in ("default", "bucket_view", "no_sync", "no_sync_view"):
+            sys.exit("ddp_peer.py: unknown mode %r" % mode)
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
+    mp.start_processes(worker, args=(d, modes, world, per_rank, steps), nprocs=world,
+                       start_method="fork")
 
 
 if __name__ == "__main__":

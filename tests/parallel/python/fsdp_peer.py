@@ -132,8 +132,10 @@ def main():
         print(f"PyTorch {torch.__version__} has no torch.distributed.fsdp.fully_shard "
               f"(FSDP2): {type(e).__name__}: {e}")
         sys.exit(3)
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
     mp.start_processes(worker, args=(d, world, per_rank, steps, replicas), nprocs=world,
-                       start_method="spawn")
+                       start_method="fork")
 
 
 if __name__ == "__main__":

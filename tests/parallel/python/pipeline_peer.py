@@ -100,7 +100,9 @@ def main():
         print(f"PyTorch {torch.__version__} has no torch.distributed.pipelining: "
               f"{type(e).__name__}: {e}")
         sys.exit(3)
-    mp.start_processes(worker, args=(d, stages, n, batch), nprocs=stages, start_method="spawn")
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
+    mp.start_processes(worker, args=(d, stages, n, batch), nprocs=stages, start_method="fork")
 
 
 if __name__ == "__main__":

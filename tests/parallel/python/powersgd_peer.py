@@ -1,8 +1,8 @@
 """PyTorch's DDP with its powerSGD_hook on the data of powersgd_python_test.cpp.
 
-  powersgd_peer.py DIR WORLD RANK EF_AND_WARM BUCKET_VIEW STEPS
+  powersgd_peer.py DIR WORLD RANK EF_AND_WARM BUCKET_VIEW STEPS [DIR WORLD ...]
 
-Reads DIR/init.bin (flat float32 parameters of the test's MLP 32-64-64-8), DIR/x.bin and
+For each run (six arguments each; several runs share one start-up of torch), reads DIR/init.bin (flat float32 parameters of the test's MLP 32-64-64-8), DIR/x.bin and
 DIR/y.bin (float32, [STEPS, WORLD * 4, 32] and [..., 8]), trains with DDP and
 powerSGD_hook (matrix_approximation_rank RANK, start_powerSGD_iter 2, error feedback and
 warm start both EF_AND_WARM, random_seed 0) and SGD(lr 0.05) in WORLD processes (Gloo,
@@ -74,15 +74,21 @@ def worker(r, d, world, rank, ef_warm, bucket_view, steps):
 
 
 def main():
-    d = sys.argv[1]
-    world, rank, ef_warm, bucket_view, steps = (int(a) for a in sys.argv[2:7])
+    args = sys.argv[1:]
+    if not args or len(args) % 6:
+        sys.exit("usage: powersgd_peer.py DIR WORLD RANK EF_AND_WARM BUCKET_VIEW STEPS [...]")
     try:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook  # noqa: F401
     except Exception as e:
         print(f"no powerSGD_hook in PyTorch {torch.__version__}: {e}")
         sys.exit(3)
-    mp.start_processes(worker, args=(d, world, rank, bool(ef_warm), bool(bucket_view), steps),
-                       nprocs=world, start_method="spawn")
+    for i in range(0, len(args), 6):
+        d = args[i]
+        world, rank, ef_warm, bucket_view, steps = (int(a) for a in args[i + 1:i + 6])
+        # fork: the ranks inherit the imported torch, where spawn would import it again in
+        # each (seconds apiece). Nothing before this line starts a thread of ours.
+        mp.start_processes(worker, args=(d, world, rank, bool(ef_warm), bool(bucket_view), steps),
+                           nprocs=world, start_method="fork")
 
 
 if __name__ == "__main__":

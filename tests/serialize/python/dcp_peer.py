@@ -146,7 +146,9 @@ def main():
         return
     d, ckpt, world = sys.argv[2], sys.argv[3], int(sys.argv[4])
     worker = {"load": load_worker, "save": save_worker, "optim": optim_worker}[mode]
-    mp.start_processes(worker, args=(d, ckpt, world), nprocs=world, start_method="spawn")
+    # fork: the ranks inherit the imported torch, where spawn would import it again in
+    # each (seconds apiece). Nothing before this line starts a thread of ours.
+    mp.start_processes(worker, args=(d, ckpt, world), nprocs=world, start_method="fork")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 
 #include "amp/amp_test_util.h"
 #include "parallel/ddp_test_util.h"
+#include "support/suite_run.h"
 
 #include <ddp/amp/grad_scaler.h>
 
@@ -106,36 +107,28 @@ const std::vector<Case> kCases = {
 class GradScalerPythonTest : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new ddp_test::TempDir();
-    output_ = new std::string();
+    run_ = std::make_unique<ddp_test::SuiteRun>();
     std::string args;
     for (const Case& c : kCases) {
-      std::ofstream(dir_->file(c.name + ".spec.json")) << spec_of(c).dump();
-      args += " " + dir_->file(c.name + ".spec.json") + " " + dir_->file(c.name + ".out.json");
+      const std::string spec = run_->dir.file(c.name + ".spec.json");
+      std::ofstream(spec) << spec_of(c).dump();
+      args += " " + spec + " " + run_->dir.file(c.name + ".out.json");
     }
-    rc_ = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                    "/tests/amp/python/grad_scaler_reference.py sequence" + args,
-                                output_);
+    run_->rc =
+        ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                  "/tests/amp/python/grad_scaler_reference.py sequence" + args,
+                              &run_->output);
   }
-  static void TearDownTestSuite() {
-    delete dir_;
-    delete output_;
-    dir_ = nullptr;
-    output_ = nullptr;
-  }
-  static ddp_test::TempDir* dir_;
-  static std::string* output_;
-  static int rc_;
+  static void TearDownTestSuite() { run_.reset(); }
+  static std::unique_ptr<ddp_test::SuiteRun> run_;
 };
-ddp_test::TempDir* GradScalerPythonTest::dir_ = nullptr;
-std::string* GradScalerPythonTest::output_ = nullptr;
-int GradScalerPythonTest::rc_ = 0;
+std::unique_ptr<ddp_test::SuiteRun> GradScalerPythonTest::run_;
 
 TEST_P(GradScalerPythonTest, SameSequenceAsTorchAmpGradScaler) {
   const Case& c = GetParam();
   const at::Tensor w0 = initial_weights();
-  ASSERT_EQ(rc_, 0) << *output_;
-  std::ifstream in(dir_->file(c.name + ".out.json"));
+  ASSERT_EQ(run_->rc, 0) << run_->output;
+  std::ifstream in(run_->dir.file(c.name + ".out.json"));
   const json py = json::parse(in);
   if (!py["available"].get<bool>()) {
     GTEST_SKIP() << "torch " << py["torch"].get<std::string>() << " (" << DDP_TEST_PYTHON

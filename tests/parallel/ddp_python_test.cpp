@@ -9,6 +9,7 @@
 // way; bucket splitting is checked against single-process math elsewhere.
 
 #include "parallel/ddp_test_util.h"
+#include "support/suite_run.h"
 #include "support/util.h"
 
 #include <torch/optim/sgd.h>
@@ -115,16 +116,11 @@ const std::vector<std::string> kModes = {"default", "bucket_view", "no_sync", "n
 class DdpPythonTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new ddp_test::TempDir();
-    output_ = new std::string();
-    ddp_test::Mlp model;
-    ddp_test::init_params(*model, 91);
-    *init_ = flat_params(*model);
-    ddp_test::write_floats(dir_->file("init.bin"), *init_);
-    ddp_test::write_floats(dir_->file("x.bin"),
-                           ddp_test::randn({kSteps, kWorld * kPerRank, 8}, 92));
-    ddp_test::write_floats(dir_->file("y.bin"),
-                           ddp_test::randn({kSteps, kWorld * kPerRank, 4}, 93));
+    run_ = std::make_unique<ddp_test::SuiteRun>();
+    const ddp_test::TempDir& dir = run_->dir;
+    ddp_test::write_floats(dir.file("init.bin"), initial_params());
+    ddp_test::write_floats(dir.file("x.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 8}, 92));
+    ddp_test::write_floats(dir.file("y.bin"), ddp_test::randn({kSteps, kWorld * kPerRank, 4}, 93));
     std::string modes;
     for (const std::string& m : kModes) modes += (modes.empty() ? "" : ",") + m;
     // On a loaded 2-core machine, PyTorch 2.x's Gloo has been seen to abort one of the
@@ -132,48 +128,43 @@ class DdpPythonTest : public ::testing::TestWithParam<std::string> {
     // code; such a run says nothing about either side, so it is repeated once. Any other
     // failure counts at once.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      output_->clear();
-      std::remove(dir_->file("pystore").c_str());  // the peer's FileStore starts empty
-      rc_ = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                      "/tests/parallel/python/ddp_peer.py " + dir_->path() + " " +
-                                      modes + " " + std::to_string(kWorld) + " " +
-                                      std::to_string(kPerRank) + " " + std::to_string(kSteps) +
-                                      " 2>&1",
-                                  output_);
-      if (rc_ == 0 || output_->find("terminated with signal SIGABRT") == std::string::npos) break;
+      run_->output.clear();
+      std::remove(dir.file("pystore").c_str());  // the peer's FileStore starts empty
+      run_->rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                           "/tests/parallel/python/ddp_peer.py " + dir.path() +
+                                           " " + modes + " " + std::to_string(kWorld) + " " +
+                                           std::to_string(kPerRank) + " " + std::to_string(kSteps) +
+                                           " 2>&1",
+                                       &run_->output);
+      if (run_->rc == 0 || run_->output.find("terminated with signal SIGABRT") == std::string::npos)
+        break;
       std::printf("PyTorch's peer aborted (attempt %d); running it again:\n%s\n", attempt + 1,
-                  output_->c_str());
+                  run_->output.c_str());
     }
   }
-  static void TearDownTestSuite() {
-    delete dir_;
-    delete output_;
-    dir_ = nullptr;
-    output_ = nullptr;
+  static void TearDownTestSuite() { run_.reset(); }
+  static at::Tensor initial_params() {
+    ddp_test::Mlp model;
+    ddp_test::init_params(*model, 91);
+    return flat_params(*model);
   }
-  static ddp_test::TempDir* dir_;
-  static std::string* output_;
-  static at::Tensor* init_;
-  static int rc_;
+  static std::unique_ptr<ddp_test::SuiteRun> run_;
 };
-ddp_test::TempDir* DdpPythonTest::dir_ = nullptr;
-std::string* DdpPythonTest::output_ = nullptr;
-at::Tensor* DdpPythonTest::init_ = new at::Tensor();
-int DdpPythonTest::rc_ = 0;
+std::unique_ptr<ddp_test::SuiteRun> DdpPythonTest::run_;
 
 TEST_P(DdpPythonTest, MatchesTorchDdpBitForBit) {
-  ASSERT_EQ(rc_, 0) << *output_;
+  ASSERT_EQ(run_->rc, 0) << run_->output;
+  const ddp_test::TempDir& dir = run_->dir;
   ddp_test::ProcessOptions o;
-  o.env["DDP_PEER_DIR"] = dir_->path();
+  o.env["DDP_PEER_DIR"] = dir.path();
   o.env["DDP_PEER_MODE"] = GetParam();
   ddp_test::expect_all_ok(ddp_test::run_processes(kWorld, "ddp_python_peer", o));
 
-  const at::Tensor& init = *init_;
+  const at::Tensor init = initial_params();
   const int64_t n = init.numel();
-  const auto py = ddp_test::read_floats(dir_->file("py." + GetParam() + ".rank0.bin"), {n});
+  const auto py = ddp_test::read_floats(dir.file("py." + GetParam() + ".rank0.bin"), {n});
   for (int r = 0; r < kWorld; ++r) {
-    const auto cpp =
-        ddp_test::read_floats(dir_->file("cpp.rank" + std::to_string(r) + ".bin"), {n});
+    const auto cpp = ddp_test::read_floats(dir.file("cpp.rank" + std::to_string(r) + ".bin"), {n});
     const double diff = (cpp - py).abs().max().item<double>();
     EXPECT_EQ(diff, 0.0) << "rank " << r << ": ddp-cpp and PyTorch DDP differ by up to " << diff
                          << " after " << kSteps << " steps (" << GetParam() << ")";

@@ -4,6 +4,7 @@
 // and data (tests/parallel/python/powersgd_peer.py).
 
 #include "parallel/ddp_test_util.h"
+#include "support/suite_run.h"
 #include "support/util.h"
 
 #include <ddp/parallel/powersgd.h>
@@ -399,10 +400,10 @@ std::string run_name(const PsgdRun& r) {
 class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new ddp_test::TempDir();
+    run_ = std::make_unique<ddp_test::SuiteRun>();
     std::string args;
     for (const PsgdRun& run : kPythonRuns) {
-      const std::string d = dir_->file(run_name(run));
+      const std::string d = run_->dir.file(run_name(run));
       ASSERT_EQ(::mkdir(d.c_str(), 0700), 0) << d;
       const Data data = make_data(run.world, run.steps);
       ddp_test::write_floats(d + "/init.bin", data.init);
@@ -412,31 +413,21 @@ class PowerSGDPythonTest : public ::testing::TestWithParam<PsgdRun> {
               std::to_string(int(run.ef_warm)) + " " + std::to_string(int(run.bucket_view)) + " " +
               std::to_string(run.steps);
     }
-    output_ = new std::string();
-    rc_ = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
-                                    "/tests/parallel/python/powersgd_peer.py" + args + " 2>&1",
-                                output_);
+    run_->rc = ddp_test::run_command(std::string(DDP_TEST_PYTHON) + " " + DDP_SOURCE_DIR +
+                                         "/tests/parallel/python/powersgd_peer.py" + args + " 2>&1",
+                                     &run_->output);
   }
-  static void TearDownTestSuite() {
-    delete dir_;
-    delete output_;
-    dir_ = nullptr;
-    output_ = nullptr;
-  }
-  static ddp_test::TempDir* dir_;
-  static std::string* output_;
-  static int rc_;
+  static void TearDownTestSuite() { run_.reset(); }
+  static std::unique_ptr<ddp_test::SuiteRun> run_;
 };
-ddp_test::TempDir* PowerSGDPythonTest::dir_ = nullptr;
-std::string* PowerSGDPythonTest::output_ = nullptr;
-int PowerSGDPythonTest::rc_ = 0;
+std::unique_ptr<ddp_test::SuiteRun> PowerSGDPythonTest::run_;
 
 TEST_P(PowerSGDPythonTest, MatchesTorchPowerSGDHook) {
   const PsgdRun run = GetParam();
-  if (rc_ == 3) GTEST_SKIP() << *output_;
-  ASSERT_EQ(rc_, 0) << *output_;
+  if (run_->rc == 3) GTEST_SKIP() << run_->output;
+  ASSERT_EQ(run_->rc, 0) << run_->output;
   const Data d = make_data(run.world, run.steps);
-  const std::string dir = dir_->file(run_name(run));
+  const std::string dir = run_->dir.file(run_name(run));
   const at::Tensor py = ddp_test::read_floats(dir + "/py.bin", {d.init.numel()});
   std::vector<int64_t> stats;
   const at::Tensor cpp = train(run, d.init, d.x, d.y, true, &stats);

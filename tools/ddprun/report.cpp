@@ -18,12 +18,6 @@ std::string wall_clock_now() {
   return buf;
 }
 
-static std::string seconds(double s) {
-  std::ostringstream out;
-  out << s;
-  return out.str();
-}
-
 std::string describe_failure(const FailureInfo& f, const std::string& host) {
   return "rank " + std::to_string(f.rank) + " (pid " + std::to_string(f.pid) + " on " + host +
          ") failed with " + describe_status(f.wait_status);
@@ -67,8 +61,9 @@ std::string failure_summary(const Options& o, const FailureInfo& f, const std::s
   s << thin << "\n";
   if (others_stopped > 0)
     s << "stopped the other " << others_stopped << " worker(s) with SIGTERM"
-      << (others_killed ? ", then SIGKILL after the " + seconds(o.grace_period) + " s grace period"
-                        : "")
+      << (others_killed
+              ? ", then SIGKILL after the " + seconds_text(o.grace_period) + " grace period"
+              : "")
       << "\n";
   s << "ddprun exits with code " << exit_code << "\n" << rule << "\n";
   return s.str();

@@ -1,5 +1,7 @@
 #include "support/harness.h"
 
+#include "support/fork_server.h"
+
 #include <ddp/distributed/groups.h>
 
 #include <gtest/gtest.h>
@@ -220,6 +222,7 @@ std::vector<ProcessResult> run_processes(int world, const std::string& name,
     int fd = -1;
     ProcessResult result;
     bool done = false;
+    bool from_server = false;  // Note [Rank processes from a fork server]
   };
   std::vector<Child> children(world);
   for (int r = 0; r < world; ++r) {
@@ -252,6 +255,17 @@ std::vector<ProcessResult> run_processes(int world, const std::string& name,
 
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    if (fork_server::available() && options.args.empty()) {
+      const pid_t pid = fork_server::spawn(env_strings, pipefd[1]);
+      if (pid > 0) {
+        ::close(pipefd[1]);
+        children[r].pid = pid;
+        children[r].fd = pipefd[0];
+        children[r].result.rank = r;
+        children[r].from_server = true;
+        continue;
+      }
+    }
     char exe[4096];
     const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
@@ -303,7 +317,11 @@ std::vector<ProcessResult> run_processes(int world, const std::string& name,
   std::vector<ProcessResult> results;
   for (auto& c : children) {
     int status = 0;
-    ::waitpid(c.pid, &status, 0);
+    if (c.from_server) {
+      status = fork_server::wait(c.pid);
+    } else {
+      ::waitpid(c.pid, &status, 0);
+    }
     ::kill(-c.pid, SIGKILL);  // anything the child left in its group
     c.result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (killed) c.result.output += "\n[harness: killed after the timeout]\n";

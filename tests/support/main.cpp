@@ -1,4 +1,5 @@
 // Test main: a child started by run_processes runs its scenario instead of the tests.
+#include "support/fork_server.h"
 #include "support/harness.h"
 
 #include "distributed/backends/device_standin.h"
@@ -48,6 +49,9 @@ void warm_up_math_kernels() {
 int main(int argc, char** argv) {
   int code = 0;
   if (ddp_test::maybe_run_scenario(&code)) return code;
+  // Before anything else runs here: the children of run_processes are forked from this
+  // state (Note [Rank processes from a fork server]).
+  ddp_test::fork_server::start();
   // The autograd engine counts devices at the process's first backward: the stand-in
   // (Note [Device stand-in]) must exist before any test runs one.
   if (ddp::detail::standin_supported()) ddp::detail::enable_standin_device();

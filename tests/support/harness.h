@@ -4,9 +4,12 @@
 //
 //   run_threads(n, fn)        n threads, each its own ProcessGroup over a FileStore in a
 //                             fresh private directory: fast, one process.
-//   run_processes(n, "name")  n real processes: this test binary re-executes itself with
-//                             DDP_TEST_SCENARIO=name and torchrun's variables set, and
-//                             the scenario registered under that name runs as main().
+//   run_processes(n, "name")  n real processes, each as if this test binary were executed
+//                             again with DDP_TEST_SCENARIO=name and torchrun's variables
+//                             set: the scenario registered under that name runs as main().
+//                             They come from a fork server (Note [Rank processes from a
+//                             fork server], fork_server.h), or from an execve where none
+//                             runs or ProcessOptions::args are given.
 //
 // Both collect every rank's failure and report the first, with its rank.
 

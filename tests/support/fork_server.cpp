@@ -53,6 +53,16 @@ Client& client() {
   return c;
 }
 
+// A message header over one buffer and a control buffer (for SCM_RIGHTS).
+msghdr message(iovec* iov, std::vector<char>* control) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control->data();
+  msg.msg_controllen = control->size();
+  return msg;
+}
+
 bool send_reply(int sock, char kind, int32_t pid, int32_t status) {
   const Reply r{kind, pid, status};
   return ::send(sock, &r, sizeof(r), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(r));
@@ -125,11 +135,7 @@ void reap(int sock) {
     }
     if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     iovec iov{buf.data(), buf.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
+    msghdr msg = message(&iov, &control);
     const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     if (n <= 0) std::_Exit(0);  // the test process is gone
     std::vector<int> fds;
@@ -267,11 +273,7 @@ pid_t spawn(const std::vector<std::string>& env, int out_fd) {
   }
   std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
   iovec iov{payload.data(), payload.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
+  msghdr msg = message(&iov, &control);
   cmsghdr* cm = CMSG_FIRSTHDR(&msg);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;

@@ -3,14 +3,14 @@
 # start-up (about 0.5 s on 2 cores) before its first line, so cases share processes:
 # - the instances of a parametrized test (Suite.Name/0, Suite.Name/1, ...) become one test,
 #   Suite.Name, that runs them all in one process;
-# - with LABELS "unit" (cases of well under a second each), the cases of SUITES suites (8
-#   unless given) run in one test, named by its positive --gtest_filter: "A.*:B.*:C.*"
+# - with LABELS "unit" (cases of well under a second each), the cases of 8 suites run in
+#   one test, named by its positive --gtest_filter: "A.*:B.*:C.*"
 #   (ctest -R B still finds it). Per case, the start-up was about 40% of the unit tests'
 #   time; per suite, still 80 processes and 35 s of 2 cores in a full run. A failure names
 #   its case in the test's output.
 #
 # -D: EXE, FILTER (a --gtest_filter), LABELS, TIMEOUT (seconds, one case), OUT (the file
-# written), WORKDIR, SUITES (optional).
+# written), WORKDIR.
 execute_process(COMMAND "${EXE}" --gtest_list_tests "--gtest_filter=${FILTER}"
                 WORKING_DIRECTORY "${WORKDIR}" OUTPUT_VARIABLE listing ERROR_VARIABLE err
                 RESULT_VARIABLE rc TIMEOUT 60)
@@ -50,44 +50,29 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 
-# Unit suites, SUITES to a test, in the listing's order.
+# Unit suites, 8 to a test, in the listing's order: suite i goes to batch i / 8.
 if(LABELS STREQUAL "unit" AND FILTER MATCHES "^-")
-  if(NOT SUITES)
-    set(SUITES 8)
-  endif()
   set(batches)
-  set(batch "")
-  set(batch_count 0)
-  set(n 0)
+  set(i 0)
   foreach(name IN LISTS names)
     string(MAKE_C_IDENTIFIER "${name}" key)
-    if(batch STREQUAL "")
-      set(batch "${name}")
+    math(EXPR b "${i} / 8")
+    if(NOT DEFINED batch_${b})
+      list(APPEND batches ${b})
+      set(batch_${b} "${name}")
+      set(batch_count_${b} 0)
     else()
-      string(APPEND batch ":${name}")
+      string(APPEND batch_${b} ":${name}")
     endif()
-    math(EXPR batch_count "${batch_count} + ${count_${key}}")
-    math(EXPR n "${n} + 1")
-    if(n EQUAL SUITES)
-      list(APPEND batches "${batch}")
-      string(MAKE_C_IDENTIFIER "${batch}" bkey)
-      set(batch_count_${bkey} ${batch_count})
-      set(batch "")
-      set(batch_count 0)
-      set(n 0)
-    endif()
+    math(EXPR batch_count_${b} "${batch_count_${b}} + ${count_${key}}")
+    math(EXPR i "${i} + 1")
   endforeach()
-  if(n GREATER 0)
-    list(APPEND batches "${batch}")
-    string(MAKE_C_IDENTIFIER "${batch}" bkey)
-    set(batch_count_${bkey} ${batch_count})
-  endif()
   set(names)
-  foreach(batch IN LISTS batches)
-    string(MAKE_C_IDENTIFIER "${batch}" key)
-    set(count_${key} ${batch_count_${key}})
-    set(filter_${key} "${batch}${FILTER}")
-    list(APPEND names "${batch}")
+  foreach(b IN LISTS batches)
+    string(MAKE_C_IDENTIFIER "${batch_${b}}" key)
+    set(count_${key} ${batch_count_${b}})
+    set(filter_${key} "${batch_${b}}${FILTER}")
+    list(APPEND names "${batch_${b}}")
   endforeach()
 endif()
 

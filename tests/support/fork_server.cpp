@@ -42,7 +42,6 @@ constexpr size_t kMaxRequest = 1 << 20;
 constexpr int kMaxFds = 200;  // below the kernel's SCM_MAX_FD (253)
 
 struct Client {
-  pid_t server = -1;
   int sock = -1;
   std::mutex mu;
   std::map<pid_t, int> ended;  // statuses read while waiting for something else
@@ -105,6 +104,33 @@ bool send_reply(int sock, char kind, int32_t pid, int32_t status) {
   std::exit(code);
 }
 
+// A request's fields; cwd and env point into the received buffer.
+struct Request {
+  std::vector<int32_t> targets;
+  const char* cwd = nullptr;
+  std::vector<char*> env;
+};
+
+// Reads a request of n bytes that came with n_fds descriptors (the output one first).
+bool parse_request(char* buf, size_t n, size_t n_fds, Request* req) {
+  uint32_t count = 0;
+  if (n < sizeof(count) || buf[n - 1] != '\0') return false;
+  std::memcpy(&count, buf, sizeof(count));
+  char* at = buf + sizeof(count);
+  char* end = buf + n;
+  if (count + 1 != n_fds || static_cast<size_t>(end - at) <= count * sizeof(int32_t)) return false;
+  req->targets.resize(count);
+  std::memcpy(req->targets.data(), at, count * sizeof(int32_t));
+  at += count * sizeof(int32_t);
+  req->cwd = at;
+  at += std::strlen(at) + 1;
+  while (at < end) {
+    req->env.push_back(at);
+    at += std::strlen(at) + 1;
+  }
+  return true;
+}
+
 void reap(int sock) {
   int status = 0;
   pid_t pid;
@@ -146,31 +172,8 @@ void reap(int sock) {
         fds.insert(fds.end(), data, data + count);
       }
     }
-    // Parse: count, targets, cwd, env.
-    const char* at = buf.data();
-    const char* end = buf.data() + n;
-    uint32_t count = 0;
-    bool ok = n >= static_cast<ssize_t>(sizeof(count)) && buf[n - 1] == '\0';
-    if (ok) {
-      std::memcpy(&count, at, sizeof(count));
-      at += sizeof(count);
-      ok = count + 1 == fds.size() && static_cast<size_t>(end - at) > count * sizeof(int32_t);
-    }
-    std::vector<int32_t> targets(ok ? count : 0);
-    if (ok) {
-      std::memcpy(targets.data(), at, count * sizeof(int32_t));
-      at += count * sizeof(int32_t);
-    }
-    const char* cwd = at;
-    std::vector<char*> env;
-    if (ok) {
-      at += std::strlen(at) + 1;
-      while (at < end) {
-        env.push_back(const_cast<char*>(at));
-        at += std::strlen(at) + 1;
-      }
-    }
-    if (!ok) {
+    Request req;
+    if (!parse_request(buf.data(), static_cast<size_t>(n), fds.size(), &req)) {
       for (int fd : fds) ::close(fd);
       if (!send_reply(sock, 'P', -EINVAL, 0)) std::_Exit(0);
       continue;
@@ -179,7 +182,7 @@ void reap(int sock) {
     if (pid == 0) {
       ::close(sock);
       ::close(sfd);
-      become_child(old_mask, fds, targets, cwd, env);
+      become_child(old_mask, fds, req.targets, req.cwd, req.env);
     }
     const int err = errno;
     if (pid > 0) ::setpgid(pid, pid);  // also here, so that no kill(-pid) can come first
@@ -232,7 +235,6 @@ void start() {
     serve(sv[1]);
   }
   ::close(sv[1]);
-  client().server = pid;
   client().sock = sv[0];
 }
 

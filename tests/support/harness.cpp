@@ -255,28 +255,24 @@ std::vector<ProcessResult> run_processes(int world, const std::string& name,
 
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    pid_t pid = -1;
     if (fork_server::available() && options.args.empty()) {
-      const pid_t pid = fork_server::spawn(env_strings, pipefd[1]);
-      if (pid > 0) {
-        ::close(pipefd[1]);
-        children[r].pid = pid;
-        children[r].fd = pipefd[0];
-        children[r].result.rank = r;
-        children[r].from_server = true;
-        continue;
-      }
+      pid = fork_server::spawn(env_strings, pipefd[1]);
     }
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
-    exe[n] = '\0';
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(pipefd[1], 1);
-      ::dup2(pipefd[1], 2);
-      ::setpgid(0, 0);
-      ::execve(exe, argv.data(), envp.data());
-      ::_exit(127);
+    children[r].from_server = pid > 0;
+    if (pid <= 0) {
+      char exe[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+      if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+      exe[n] = '\0';
+      pid = ::fork();
+      if (pid == 0) {
+        ::dup2(pipefd[1], 1);
+        ::dup2(pipefd[1], 2);
+        ::setpgid(0, 0);
+        ::execve(exe, argv.data(), envp.data());
+        ::_exit(127);
+      }
     }
     ::close(pipefd[1]);
     children[r].pid = pid;
